@@ -1,0 +1,87 @@
+// `bind` and `unbind`: move selected functions (whole IOMMU groups) onto their vfio driver and back.
+// Groups run in parallel, members of a group in order; every sysfs write has a deadline and a write the
+// kernel keeps blocked is abandoned on its thread and reported. Nothing is retried silently: every
+// step taken is listed in the device's result.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vfio_gpu_agent/binding/holders.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::binding {
+
+struct BinderOptions {
+  HostPaths paths;
+  pci::SelectionPolicy policy;  // policy.include_nvswitches is the --nvswitches switch
+  absl::Duration write_timeout = absl::Seconds(5);
+  absl::Duration devnode_wait = absl::Seconds(2);  // for /dev/vfio/<group> to appear after a bind
+  bool dry_run = false;
+  std::vector<std::string> only;  // BDFs; their whole groups are bound. Empty = every selected device.
+  int parallelism = 0;            // groups processed at once; 0 = one worker per group
+  std::string kernel_release;     // for modules.alias and module loading; "" = uname -r
+};
+
+struct UnbindOptions {
+  HostPaths paths;
+  pci::SelectionPolicy policy;
+  absl::Duration write_timeout = absl::Seconds(5);
+  std::vector<std::string> only;  // BDFs (just these functions)
+  std::vector<int> groups;        // IOMMU groups (every member on a vfio driver)
+  bool force = false;             // unbind even when /dev/vfio/<group> is open
+  int parallelism = 0;
+};
+
+enum class Outcome {
+  kBound,         // moved to the target driver and verified
+  kAlreadyBound,  // was on a vfio driver; no writes
+  kWouldBind,     // dry run
+  kBlocked,       // not attempted or abandoned: IOMMU group, foreign device, deadline, earlier failure
+  kFailed,        // attempted and the device is not on its target
+  kRestored,      // unbind: off vfio, reprobed
+  kNotBound,      // unbind: was not on a vfio driver; nothing to do
+  kRefused,       // unbind: the group is open by a process (and no --force)
+};
+const char* OutcomeName(Outcome outcome);  // "bound", "already bound", ...
+
+struct DeviceResult {
+  std::string bdf;
+  std::string vendor_device;
+  pci::Role role = pci::Role::kGpu;
+  std::optional<int> iommu_group;
+  std::string driver_before;  // "" = unbound
+  std::string target_driver;  // bind: the vfio driver; unbind: "" (whatever the host reprobes)
+  std::string driver_after;
+  Outcome outcome = Outcome::kFailed;
+  std::string reason;
+  std::vector<std::string> steps;  // every sysfs write and its result, in order
+  std::vector<Holder> holders;     // who keeps the device busy (bind from nvidia, unbind of an open group)
+  absl::Duration elapsed;
+};
+
+struct BindReport {
+  std::string operation;  // "bind" or "unbind"
+  bool dry_run = false;
+  std::vector<DeviceResult> devices;  // plan order (group id, then BDF)
+  std::vector<std::string> notes;     // host-wide facts: no modules.alias, module loaded, ...
+  // bind: every device is on its vfio driver (or would be, for a dry run); unbind: none is left on vfio
+  // and none was refused.
+  bool ok() const;
+};
+
+// Scans, plans and binds. An error status only when nothing could be attempted (sysfs unreadable, a BDF in
+// `only` not selected); per-device failures are in the report.
+absl::StatusOr<BindReport> Bind(const BinderOptions& options);
+absl::StatusOr<BindReport> Unbind(const UnbindOptions& options);
+
+// One line per device plus a summary line.
+std::string FormatBindReport(const BindReport& report);
+// JSON of report/v1/bind.proto (schema "vfio-gpu-agent.bind/v1").
+std::string BindReportToJson(const BindReport& report);
+
+}  // namespace vfio_agent::binding

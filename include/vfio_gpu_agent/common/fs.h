@@ -1,0 +1,40 @@
+// Small, error-as-value wrappers over the sysfs/devfs file operations the agent needs.
+// Every error message names the path and the errno text.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vfio_agent::fs {
+
+// Whole file content (sysfs attributes are small); trailing whitespace stripped.
+absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path);
+
+// Parses "0x10de\n"-style sysfs hex attributes.
+absl::StatusOr<uint32_t> ReadHex(const std::filesystem::path& path);
+
+// Parses a decimal attribute such as numa_node ("-1\n").
+absl::StatusOr<int64_t> ReadInt(const std::filesystem::path& path);
+
+// Basename of a symlink's target ("../../../bus/pci/drivers/vfio-pci" -> "vfio-pci");
+// NotFound when the link does not exist.
+absl::StatusOr<std::string> ReadLinkBasename(const std::filesystem::path& path);
+
+// Writes `data` with a single write(2), as sysfs expects; the kernel's errno becomes the status.
+absl::Status WriteAttribute(const std::filesystem::path& path, std::string_view data);
+
+// Names of the entries of a directory, sorted; NotFound when it does not exist.
+absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& dir);
+
+bool Exists(const std::filesystem::path& path);
+
+// Maps an errno to the closest absl status code, with "<what> <path>: <strerror>" as the message.
+absl::Status ErrnoStatus(int err, std::string_view what, const std::filesystem::path& path);
+
+}  // namespace vfio_agent::fs

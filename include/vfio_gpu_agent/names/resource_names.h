@@ -1,0 +1,107 @@
+// Kubernetes extended-resource names for GPUs, derived from pci.ids exactly as NVIDIA's
+// kubevirt-gpu-device-plugin does ("GH100 [H200 SXM 141GB]" -> "GH100_H200_SXM_141GB"), pinned so that
+// Cozystack's default permittedHostDevices table never drifts with the host's pci.ids snapshot.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vfio_agent::names {
+
+// pci.ids device names, looked up under the vendor line only (never another vendor's block or a
+// subsystem line).
+class PciIdsDatabase {
+ public:
+  virtual ~PciIdsDatabase() = default;
+  virtual std::optional<std::string> DeviceName(uint16_t vendor_id, uint16_t device_id) const = 0;
+  // Path the database was loaded from ("" for in-memory databases).
+  virtual std::string source() const = 0;
+};
+
+// Loads pci.ids through libpci. An empty path picks the first existing of the usual locations
+// (/usr/share/misc/pci.ids, /usr/share/hwdata/pci.ids, /usr/share/pci.ids, /usr/pci.ids).
+absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem::path& path);
+
+// The search order used when no --pci-ids is given.
+std::vector<std::filesystem::path> DefaultPciIdsLocations();
+
+// The slug rule: upper-case; '/', '.' and whitespace runs -> '_'; every other character outside
+// [A-Za-z0-9_] dropped. "GA102GL [A10]" -> "GA102GL_A10".
+std::string Slug(std::string_view pci_ids_name);
+
+// R2 of the kubelet reference: `domain/name` where name is 1-63 chars, alphanumeric at both ends,
+// [-A-Za-z0-9_.] inside, and the domain a lower-case DNS-1123 subdomain (<= 244 chars).
+absl::Status ValidateExtendedResourceName(std::string_view resource_name);
+
+// The part after the '/' alone: 1-63 characters, alphanumeric at both ends, [-A-Za-z0-9_.] inside.
+absl::Status ValidateResourceNamePart(std::string_view name);
+
+// The domain part alone (`--resource-domain`): a lower-case DNS-1123 subdomain of at most 244 characters
+// that does not make the name a native (kubernetes.io) or quota (requests.) resource.
+absl::Status ValidateResourceDomain(std::string_view domain);
+
+// "PCI_RESOURCE_" + resource name upper-cased with '/' and '.' -> '_' (KubeVirt's rule).
+std::string KubevirtEnvName(std::string_view resource_name);
+
+// Cozystack's default permittedHostDevices table (vendor 10de): device id -> name part.
+const std::map<uint16_t, std::string>& PinnedNames();
+
+struct NameOverride {
+  uint16_t vendor_id = 0;
+  uint16_t device_id = 0;
+  std::string name;  // name part, without the domain
+};
+
+// "10de:2335=GH100_H200_SXM_141GB".
+absl::StatusOr<NameOverride> ParseOverride(std::string_view text);
+// One override per line; '#' comments and blank lines ignored.
+absl::StatusOr<std::vector<NameOverride>> LoadOverrideFile(const std::filesystem::path& path);
+
+enum class NameSource { kOverride, kPinned, kPciIds, kDeviceId };
+const char* NameSourceName(NameSource source);
+
+struct ResolvedName {
+  uint16_t vendor_id = 0;
+  uint16_t device_id = 0;
+  std::string pci_ids_name;   // as found in pci.ids, "" if absent
+  std::string name;           // name part actually registered
+  std::string resource_name;  // "<domain>/<name>"
+  NameSource source = NameSource::kPciIds;
+  std::string issue;          // non-empty when the derived name was invalid or colliding and got fixed
+};
+
+inline uint32_t NameKey(uint16_t vendor_id, uint16_t device_id) {
+  return (static_cast<uint32_t>(vendor_id) << 16) | device_id;
+}
+
+// Resolves names for every device id present on a node, in one pass, so collisions between two device
+// ids and invalid names are fixed deterministically (same input -> same output).
+class NameResolver {
+ public:
+  // `db` may be null (no pci.ids available): names then come from overrides, the pinned table or the
+  // device id. A later override for the same id wins over an earlier one (file first, then flags).
+  NameResolver(const PciIdsDatabase* db, std::string domain, std::vector<NameOverride> overrides);
+
+  // Input: the (vendor, device) ids of the selected functions (duplicates ignored). Output keyed by NameKey().
+  // A name shared by several ids gets `_<DEVICE>` (upper-case hex) appended on every id that shares it,
+  // except that a single operator override or pinned entry among them keeps its name.
+  std::map<uint32_t, ResolvedName> Resolve(const std::vector<std::pair<uint16_t, uint16_t>>& ids) const;
+
+  const std::string& domain() const { return domain_; }
+
+ private:
+  const PciIdsDatabase* db_;
+  std::string domain_;
+  std::vector<NameOverride> overrides_;
+};
+
+}  // namespace vfio_agent::names

@@ -1,0 +1,74 @@
+// The `serve` subcommand's engine: one gRPC device-plugin server and socket per resource name in the
+// kubelet directory, registration with the kubelet (retried forever, immediately when kubelet.sock
+// appears), re-registration after kubelet restarts, and a live device set.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/plugin/devices.h"
+
+namespace vfio_agent::plugin {
+
+struct ServeOptions {
+  HostPaths paths;  // sysfs_root, dev_root and kubelet_dir are used
+  pci::SelectionPolicy policy;
+  // Names: domain ("nvidia.com"), overrides, and the pci.ids database (not owned; may be null, then
+  // pinned names and raw device ids are used). It must outlive the agent.
+  std::string domain = "nvidia.com";
+  std::vector<names::NameOverride> overrides;
+  const names::PciIdsDatabase* pci_ids = nullptr;
+  // The kubelet's registration socket; empty = <kubelet_dir>/kubelet.sock.
+  std::filesystem::path kubelet_socket;
+  // Safety-net rescan of sysfs (udev and inotify on <dev_root>/vfio catch most changes at once).
+  std::chrono::milliseconds rescan_interval{1000};
+  bool udev = true;  // libudev monitor of the pci subsystem; tests on a simulated sysfs turn it off
+  bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
+  std::filesystem::path cdi_dir = "/var/run/cdi";
+};
+
+struct ResourceStatus {
+  std::string resource_name;
+  std::filesystem::path socket;  // <kubelet_dir>/kubevirt-<NAME>.sock
+  bool registered = false;       // the last Register succeeded and nothing has invalidated it since
+  int registrations = 0;         // successful Register calls
+  int live_streams = 0;          // ListAndWatch streams open now
+};
+
+class Agent {
+ public:
+  explicit Agent(ServeOptions options);
+  ~Agent();  // Stop()
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // First scan, then serve and register in the background. Fails only on errors that retrying cannot fix
+  // (sysfs not listable, kubelet dir not creatable, inotify unavailable).
+  absl::Status Start();
+  // Graceful shutdown (SIGTERM): an empty device list on every stream, streams closed, servers stopped,
+  // own sockets and CDI specs removed. Idempotent; blocks until done.
+  void Stop();
+
+  DeviceSnapshot Snapshot() const;
+  std::vector<ResourceStatus> Resources() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread (call it before starting other threads), runs an Agent
+// until one arrives, then stops it gracefully.
+absl::Status Serve(const ServeOptions& options);
+
+// "nvidia.com/GH100_H200_SXM_141GB" -> "kubevirt-GH100_H200_SXM_141GB.sock", as the peer plugin names it.
+std::string SocketName(std::string_view resource_name);
+
+}  // namespace vfio_agent::plugin

@@ -1,0 +1,67 @@
+// The transport-independent device model of the sandbox device plugin: what each extended resource
+// advertises (ListAndWatch) and what Allocate hands out, derived from sysfs and the dev root only.
+// A later DRA front-end can reuse it unchanged.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::plugin {
+
+inline constexpr char kHealthy[] = "Healthy";
+inline constexpr char kUnhealthy[] = "Unhealthy";
+
+struct PluginDevice {
+  std::string id;  // the GPU's BDF; stable across restarts and reboots (R9)
+  bool healthy = false;
+  std::string unhealthy_reason;  // "" when healthy; "driver nvidia", "no /dev/vfio/73", ...
+  std::optional<int> numa_node;  // nullopt = no topology (sysfs -1), never reported as node 0 (R10)
+  std::optional<int> iommu_group;
+  std::vector<std::string> group_functions;  // vendor functions of the group (GPUs and companions), sorted
+  std::vector<std::string> vfio_cdevs;       // this function's iommufd cdevs ("vfio3"), sorted
+
+  bool operator==(const PluginDevice&) const = default;
+};
+
+struct ResourceDevices {
+  std::string resource_name;  // "nvidia.com/GH100_H200_SXM_141GB"
+  std::string env_name;       // "PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB"
+  std::vector<PluginDevice> devices;  // sorted by id
+
+  const PluginDevice* Find(std::string_view id) const;
+  bool operator==(const ResourceDevices&) const = default;
+};
+
+struct DeviceSnapshot {
+  std::map<std::string, ResourceDevices> resources;  // by resource name
+  bool iommufd = false;  // <dev_root>/iommu exists: Allocate adds /dev/iommu and the cdevs
+
+  bool operator==(const DeviceSnapshot&) const = default;
+};
+
+// Builds the snapshot from one scan. Only selected GPUs are resources; companions are never advertised
+// on their own. A GPU is advertised once it has been seen on a vfio driver (now, or in `remembered`, the
+// ids advertised by the previous snapshot) and for as long as it stays in sysfs, so an unbound GPU turns
+// Unhealthy instead of vanishing. Healthy = vfio driver, group node present under <dev_root>/vfio (or, on
+// an iommufd host, all its cdevs under <dev_root>/vfio/devices), config space readable with a vendor other
+// than 0xffff, and the group viable.
+DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
+                             const pci::Selection& selection, const names::NameResolver& names,
+                             const std::set<std::string>& remembered);
+
+// Ids of every device of every resource (the `remembered` input of the next build).
+std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot);
+
+// The config-space probe used for health: NotFound/Unavailable when unreadable, or the vendor id
+// (0xffff for a device that fell off the bus).
+absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::string& bdf);
+
+}  // namespace vfio_agent::plugin

@@ -1,0 +1,58 @@
+#!/bin/bash
+# The main job on the built-in simulated GPU node (8x H200 SXM + 4 NVSwitches on 2 NUMA nodes):
+# inspect -> bind (nvidia -> vfio-pci) -> serve, registered with the kubelet simulator -> node capacity
+# -> one VM pod admitted with its Allocate response. Sets the machine up first (root, Debian 12), takes
+# seconds once built, and leaves nothing behind.
+# Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
+
+scripts/install-deps.sh
+modprobe fuse 2>/dev/null || true
+scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
+bin=$repo/build/release
+agent=$bin/src/cli/vfio-gpu-agent
+sim=$bin/tests/sim/sysfs_sim/sysfs-sim
+kubelet=$bin/tests/sim/kubelet_sim/kubelet-sim
+
+work=$(mktemp -d /tmp/vfio-gpu-agent-demo.XXXXXX)
+sim_pid=""; serve_pid=""
+cleanup() {
+  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null || true
+  [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null && wait "$sim_pid" 2>/dev/null || true
+  fusermount3 -u -z "$work/node/sys" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "simulated node: $(basename "$node") mounted at $work/node/sys (FUSE) with devices in $work/node/dev"
+mkfifo "$work/ready"
+"$sim" --node "$node" --root "$work/node" > "$work/ready" &
+sim_pid=$!
+read -r ready_line < "$work/ready"
+echo "$ready_line"
+
+roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/proc-none"
+       --kubelet-dir "$work/kubelet" --modules-root "$work/modules-none")
+mkdir -p "$work/proc-none" "$work/kubelet"
+
+step "vfio-gpu-agent inspect"
+"$agent" inspect "${roots[@]}" || true
+
+step "vfio-gpu-agent bind"
+"$agent" bind "${roots[@]}"
+
+step "vfio-gpu-agent serve (background), kubelet simulator in $work/kubelet"
+"$agent" serve "${roots[@]}" --no-udev --rescan-interval 200 --log-level warn &
+serve_pid=$!
+
+resource=$("$agent" inspect "${roots[@]}" --json | sed -n 's/.*"resourceName": "\(nvidia.com\/[^"]*\)".*/\1/p' | sort -u | head -1)
+count=$("$agent" inspect "${roots[@]}" --json | grep -c "\"resourceName\": \"$resource\"")
+"$kubelet" --dir "$work/kubelet" --wait "$resource=$count" --timeout-ms 10000 \
+  --admit "vm-gpu-1:$resource=1" --describe
+
+step "done: $count x $resource advertised; cleaning up"

@@ -1,0 +1,31 @@
+#!/bin/bash
+# Installs every Debian 12 package the build, the tests and the demo need. Idempotent; needs root.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libpci-dev pci.ids libudev-dev libkmod-dev kmod libspdlog-dev libabsl-dev
+  libfuse3-dev fuse3
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+if [ "${1:-}" = --e2e ]; then
+  # The real-kernel test: QEMU, a busybox initramfs and a static VFIO checker.
+  PACKAGES+=(qemu-system-x86 busybox-static cpio xz-utils gzip gcc libc6-dev)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "install-deps: these packages are missing and installing them needs root: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get -o DPkg::Lock::Timeout=600 update -q
+apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,98 @@
+#include "driver_loader.h"
+
+#include <libkmod.h>
+
+#include <cstring>
+#include <memory>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/binding/plan.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::binding {
+namespace {
+
+// A freshly inserted module registers its driver during init, but give sysfs a moment.
+constexpr absl::Duration kRegisterWait = absl::Seconds(2);
+
+std::string ImmutableHostHint(const std::string& module) {
+  return absl::StrCat("; on hosts that cannot load modules at runtime (immutable OS such as Talos, or no ",
+                      "/lib/modules mounted) the OS must load ", module, " at boot (machine config / modules-load.d)");
+}
+
+bool IsRunningKernelSysfs(const std::filesystem::path& sysfs_root) {
+  std::error_code ec;
+  return std::filesystem::equivalent(sysfs_root, "/sys", ec) && !ec;
+}
+
+absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::string& module) {
+  struct KmodCtxDeleter {
+    void operator()(kmod_ctx* ctx) const { kmod_unref(ctx); }
+  };
+  const std::string dir = modules_dir.string();
+  std::unique_ptr<kmod_ctx, KmodCtxDeleter> ctx(kmod_new(dir.c_str(), nullptr));
+  if (!ctx) return absl::InternalError(absl::StrCat("kmod_new(", dir, ") failed"));
+  kmod_list* list = nullptr;
+  int err = kmod_module_new_from_lookup(ctx.get(), module.c_str(), &list);
+  if (err < 0 || list == nullptr) {
+    return absl::NotFoundError(absl::StrCat("module ", module, " not found under ", dir));
+  }
+  absl::Status status;
+  kmod_list* item = nullptr;
+  kmod_list_foreach(item, list) {
+    kmod_module* mod = kmod_module_get_module(item);
+    err = kmod_module_probe_insert_module(mod, KMOD_PROBE_APPLY_BLACKLIST, nullptr, nullptr, nullptr, nullptr);
+    kmod_module_unref(mod);
+    if (err < 0) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("loading module ", module, " from ", dir, " failed: ", std::strerror(-err)));
+      break;
+    }
+  }
+  kmod_module_unref_list(list);
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindRegisteredDriver(const HostPaths& paths, const std::string& module) {
+  absl::StatusOr<std::vector<std::string>> drivers = fs::ListDir(paths.PciDrivers());
+  if (drivers.ok()) {
+    for (const std::string& dir : *drivers) {
+      if (SameDriver(dir, module)) return dir;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no PCI driver for module ", module, " under ", paths.PciDrivers().string()));
+}
+
+absl::StatusOr<std::string> EnsureDriverRegistered(const HostPaths& paths, const std::string& kernel_release,
+                                                   const std::string& module) {
+  absl::StatusOr<std::string> found = FindRegisteredDriver(paths, module);
+  if (found.ok()) return found;
+  if (!IsRunningKernelSysfs(paths.sysfs_root)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        found.status().message(), "; not loading modules into the running kernel for sysfs root ",
+        paths.sysfs_root.string()));
+  }
+  const std::string release = kernel_release.empty() ? RunningKernelRelease() : kernel_release;
+  spdlog::info("driver for {} not registered; loading the module from {}", module,
+               (paths.modules_root / release).string());
+  if (absl::Status loaded = LoadModule(paths.modules_root / release, module); !loaded.ok()) {
+    return absl::Status(loaded.code(), absl::StrCat(loaded.message(), ImmutableHostHint(module)));
+  }
+  const absl::Time deadline = absl::Now() + kRegisterWait;
+  while (true) {
+    found = FindRegisteredDriver(paths, module);
+    if (found.ok() || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!found.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("module ", module, " loaded but ", found.status().message()));
+  }
+  return found;
+}
+
+}  // namespace vfio_agent::binding

@@ -1,0 +1,49 @@
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "vfio_gpu_agent/cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: vfio-gpu-agent <command> [options]
+
+Turns a Kubernetes GPU node into a KubeVirt GPU-passthrough node.
+
+commands:
+  inspect   describe the selected PCI functions, their IOMMU groups and resource names
+  bind      move every selected GPU, with its whole IOMMU group, to vfio-pci
+  unbind    give devices back to their host driver (only when asked)
+  serve     advertise vfio-bound GPUs to the kubelet (Device Plugin API v1beta1)
+  run       bind, then serve: what the DaemonSet runs
+
+`vfio-gpu-agent <command> --help` lists a command's options. Every option can also be set through an
+environment variable VFIO_GPU_AGENT_<OPTION> (e.g. VFIO_GPU_AGENT_SYSFS_ROOT).
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace vfio_agent::cli;
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return kExitUsage;
+  }
+  std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  if (command == "--version") {
+    std::cout << "vfio-gpu-agent " << VFIO_AGENT_VERSION << "\n";
+    return kExitOk;
+  }
+  if (command == "inspect") return RunInspect(args, std::cout);
+  if (command == "bind") return RunBind(args, std::cout);
+  if (command == "unbind") return RunUnbind(args, std::cout);
+  if (command == "serve") return RunServe(args, std::cout);
+  if (command == "run") return RunRun(args, std::cout);
+  std::cerr << "vfio-gpu-agent: unknown command \"" << command << "\"\n\n" << kUsage;
+  return kExitUsage;
+}

@@ -1,0 +1,254 @@
+#include "device_reader.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <optional>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::pci::internal {
+namespace {
+
+constexpr std::string_view kConsumerPrefix = "consumer:pci:";
+constexpr size_t kConfigHeaderBytes = 64;
+constexpr size_t kHeaderTypeOffset = 0x0e;
+constexpr uint32_t kClassBaseBridge = 0x06;
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Which optional entries the device directory has, learned from one listing so that absent attributes
+// cost no failed open.
+struct Presence {
+  bool subsystem_vendor = false;
+  bool subsystem_device = false;
+  bool numa_node = false;
+  bool driver = false;
+  bool driver_override = false;
+  bool iommu_group = false;
+  bool physfn = false;
+  bool config = false;
+  bool vfio_dev = false;
+};
+
+// Reads up to `cap` bytes of attribute `name`; returns the byte count or -errno.
+ssize_t ReadAttr(int dir_fd, const char* name, char* buf, size_t cap) {
+  int fd = ::openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, cap);
+  } while (n < 0 && errno == EINTR);
+  int err = errno;
+  ::close(fd);
+  return n < 0 ? -err : n;
+}
+
+std::optional<uint32_t> ParseHex(std::string_view text) {
+  text = TrimWhitespace(text);
+  if (text.starts_with("0x") || text.starts_with("0X")) text.remove_prefix(2);
+  uint32_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<int> ParseDecimal(std::string_view text) {
+  text = TrimWhitespace(text);
+  int value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// Required hex attribute no wider than `max`; a missing or malformed file is an error naming the path.
+absl::StatusOr<uint32_t> ReadRequiredHex(int dir_fd, const std::filesystem::path& dir, const char* name,
+                                         uint32_t max, std::filesystem::path* failed_path) {
+  char buf[64];
+  ssize_t n = ReadAttr(dir_fd, name, buf, sizeof buf);
+  if (n < 0) {
+    *failed_path = dir / name;
+    return fs::ErrnoStatus(static_cast<int>(-n), "read", *failed_path);
+  }
+  std::string_view text(buf, static_cast<size_t>(n));
+  auto value = ParseHex(text);
+  if (!value || *value > max) {
+    *failed_path = dir / name;
+    return absl::InvalidArgumentError(absl::StrCat("malformed hex value \"", std::string(TrimWhitespace(text)),
+                                                   "\" in ", failed_path->string()));
+  }
+  return *value;
+}
+
+// Optional hex attribute: absent or malformed reads as 0, as the kernel would not omit a sane value.
+uint16_t ReadOptionalId(int dir_fd, const char* name) {
+  char buf[64];
+  ssize_t n = ReadAttr(dir_fd, name, buf, sizeof buf);
+  if (n < 0) return 0;
+  auto value = ParseHex(std::string_view(buf, static_cast<size_t>(n)));
+  return value && *value <= 0xffff ? static_cast<uint16_t>(*value) : 0;
+}
+
+std::optional<std::string> ReadLinkBasenameAt(int dir_fd, const char* name) {
+  char buf[4096];
+  ssize_t n = ::readlinkat(dir_fd, name, buf, sizeof buf);
+  if (n <= 0) return std::nullopt;
+  std::string_view target(buf, static_cast<size_t>(n));
+  while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
+  auto slash = target.rfind('/');
+  return std::string(slash == std::string_view::npos ? target : target.substr(slash + 1));
+}
+
+// Collects the optional-entry presence and the consumer links from the device directory listing.
+absl::Status ScanEntries(int dir_fd, const std::filesystem::path& dir, Presence* presence,
+                         std::vector<std::string>* consumers) {
+  absl::Status listed = ForEachEntry(dir_fd, dir, [&](std::string_view n) {
+    if (n == "subsystem_vendor") presence->subsystem_vendor = true;
+    else if (n == "subsystem_device") presence->subsystem_device = true;
+    else if (n == "numa_node") presence->numa_node = true;
+    else if (n == "driver") presence->driver = true;
+    else if (n == "driver_override") presence->driver_override = true;
+    else if (n == "iommu_group") presence->iommu_group = true;
+    else if (n == "physfn") presence->physfn = true;
+    else if (n == "config") presence->config = true;
+    else if (n == "vfio-dev") presence->vfio_dev = true;
+    else if (n.starts_with(kConsumerPrefix)) consumers->emplace_back(n.substr(kConsumerPrefix.size()));
+  });
+  std::sort(consumers->begin(), consumers->end());
+  return listed;
+}
+
+void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
+  if (presence.subsystem_vendor) fn->subsystem_vendor_id = ReadOptionalId(dir_fd, "subsystem_vendor");
+  if (presence.subsystem_device) fn->subsystem_device_id = ReadOptionalId(dir_fd, "subsystem_device");
+  char buf[kConfigHeaderBytes];
+  if (presence.numa_node) {
+    ssize_t n = ReadAttr(dir_fd, "numa_node", buf, sizeof buf);
+    auto node = n > 0 ? ParseDecimal(std::string_view(buf, static_cast<size_t>(n))) : std::nullopt;
+    if (node && *node >= 0) fn->numa_node = node;
+  }
+  if (presence.driver_override) {
+    ssize_t n = ReadAttr(dir_fd, "driver_override", buf, sizeof buf);
+    if (n > 0) {
+      std::string_view text = TrimWhitespace(std::string_view(buf, static_cast<size_t>(n)));
+      if (text != "(null)") fn->driver_override = std::string(text);
+    }
+  }
+  // Reading config resumes a runtime-suspended device (a GPU in D3cold wakes up), so only bridge-class
+  // functions, whose header type decides whether they are bridges, pay for it. Unreadable or short
+  // config leaves header_type 0 and IsBridge falls back to the class code.
+  if (presence.config && (fn->class_code >> 16) == kClassBaseBridge) {
+    ssize_t n = ReadAttr(dir_fd, "config", buf, sizeof buf);
+    if (n > static_cast<ssize_t>(kHeaderTypeOffset)) fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
+  }
+  if (presence.driver) fn->driver = ReadLinkBasenameAt(dir_fd, "driver").value_or("");
+  if (presence.physfn) fn->physfn = ReadLinkBasenameAt(dir_fd, "physfn");
+  if (presence.vfio_dev) {
+    ScopedFd vfio_fd(::openat(dir_fd, "vfio-dev", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (vfio_fd.get() >= 0) {
+      absl::Status listed = ForEachEntry(vfio_fd.get(), "vfio-dev",
+                                         [&](std::string_view name) { fn->vfio_cdevs.emplace_back(name); });
+      if (!listed.ok()) fn->vfio_cdevs.clear();
+      std::sort(fn->vfio_cdevs.begin(), fn->vfio_cdevs.end());
+    }
+  }
+}
+
+// A group link that does not name a number means a corrupt tree; guessing could hand out a shared group.
+absl::StatusOr<std::optional<int>> ReadGroup(int dir_fd, const std::filesystem::path& dir,
+                                             std::filesystem::path* failed_path) {
+  auto name = ReadLinkBasenameAt(dir_fd, "iommu_group");
+  auto group = name ? ParseDecimal(*name) : std::nullopt;
+  if (!group || *group < 0) {
+    *failed_path = dir / "iommu_group";
+    return absl::InvalidArgumentError(absl::StrCat("iommu_group link ", failed_path->string(),
+                                                   " does not name a group: \"", name.value_or(""), "\""));
+  }
+  return group;
+}
+
+}  // namespace
+
+std::string_view TrimWhitespace(std::string_view text) {
+  constexpr std::string_view kWhitespace = " \t\n\r\f\v";
+  const auto first = text.find_first_not_of(kWhitespace);
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(kWhitespace) - first + 1);
+}
+
+absl::Status ForEachEntry(int dir_fd, const std::filesystem::path& path,
+                          absl::FunctionRef<void(std::string_view)> visit) {
+  alignas(dirent64) char buf[16384];
+  for (;;) {
+    ssize_t n = ::getdents64(dir_fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fs::ErrnoStatus(errno, "list", path);
+    }
+    if (n == 0) return absl::OkStatus();
+    for (ssize_t at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const dirent64*>(buf + at);
+      std::string_view name = entry->d_name;
+      if (name != "." && name != "..") visit(name);
+      at += entry->d_reclen;
+    }
+  }
+}
+
+DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf) {
+  const std::filesystem::path dir = parent_path / bdf;
+  DeviceRead out;
+  auto fail = [&](absl::Status status) {
+    out.function = std::move(status);
+    return std::move(out);
+  };
+  ScopedFd dir_fd(::openat(parent_fd, bdf.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() < 0) {
+    out.failed_path = dir;
+    return fail(fs::ErrnoStatus(errno, "open", dir));
+  }
+  Function& fn = *out.function;
+  fn.bdf = bdf;
+  Presence presence;
+  if (absl::Status listed = ScanEntries(dir_fd.get(), dir, &presence, &fn.consumers); !listed.ok()) {
+    out.failed_path = dir;
+    return fail(std::move(listed));
+  }
+  // The group comes first so that selection can still place a device whose other attributes are broken.
+  if (presence.iommu_group) {
+    auto group = ReadGroup(dir_fd.get(), dir, &out.failed_path);
+    if (!group.ok()) return fail(group.status());
+    out.iommu_group = fn.iommu_group = *group;
+  }
+  auto vendor = ReadRequiredHex(dir_fd.get(), dir, "vendor", 0xffff, &out.failed_path);
+  if (!vendor.ok()) return fail(vendor.status());
+  auto device = ReadRequiredHex(dir_fd.get(), dir, "device", 0xffff, &out.failed_path);
+  if (!device.ok()) return fail(device.status());
+  auto class_code = ReadRequiredHex(dir_fd.get(), dir, "class", 0xffffff, &out.failed_path);
+  if (!class_code.ok()) return fail(class_code.status());
+  fn.vendor_id = static_cast<uint16_t>(*vendor);
+  fn.device_id = static_cast<uint16_t>(*device);
+  fn.class_code = *class_code;
+  ReadOptional(dir_fd.get(), presence, &fn);
+  return out;
+}
+
+}  // namespace vfio_agent::pci::internal

@@ -1,0 +1,469 @@
+#include "vfio_gpu_agent/plugin/agent.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "resource_server.h"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/plugin/cdi.h"
+#include "watchers.h"
+
+namespace vfio_agent::plugin {
+
+using internal::FileId;
+using internal::ResourceServer;
+using internal::StatFileId;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds kFirstBackoff{10};  // kubelet.sock exists but refuses: bind() precedes listen()
+constexpr milliseconds kMaxBackoff{5000};
+constexpr milliseconds kConfigErrorBackoff{30000};  // the kubelet rejected our version or name
+constexpr milliseconds kRegisterDeadline{15000};    // the kubelet may take 10 s to dial back (R3)
+constexpr milliseconds kMaxPollWait{1000};          // stat poll: covers a lost inotify watch
+constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
+
+struct RegisterCall {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1beta1::Registration::Stub> stub;
+  grpc::ClientContext context;
+  v1beta1::RegisterRequest request;
+  v1beta1::Empty response;
+  grpc::Status status;
+  std::string resource;
+  uint64_t generation = 0;
+  FileId kubelet;
+};
+
+struct Resource {
+  std::string name;
+  std::filesystem::path socket;
+  std::unique_ptr<ResourceServer> server;
+  uint64_t generation = 0;  // bumped on every (re)serve; answers for older generations are stale
+  bool registered = false;
+  bool register_in_flight = false;
+  bool stream_ended = false;
+  FileId registered_kubelet;
+  milliseconds backoff{0};
+  Clock::time_point next_attempt{};
+  Clock::time_point next_serve{};
+  int registrations = 0;
+};
+
+std::string ChangeSummary(const PluginDevice* before, const PluginDevice& after) {
+  if (before == nullptr) return after.healthy ? "appeared, Healthy" : absl::StrCat("appeared, Unhealthy: ", after.unhealthy_reason);
+  if (before->healthy != after.healthy || before->unhealthy_reason != after.unhealthy_reason) {
+    return after.healthy ? "Healthy again" : absl::StrCat("Unhealthy: ", after.unhealthy_reason);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string SocketName(std::string_view resource_name) {
+  const size_t slash = resource_name.rfind('/');
+  return "kubevirt-" + std::string(resource_name.substr(slash == std::string_view::npos ? 0 : slash + 1)) + ".sock";
+}
+
+class Agent::Impl {
+ public:
+  explicit Impl(ServeOptions options)
+      : options_(std::move(options)),
+        kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
+                                                        : options_.kubelet_socket),
+        names_(options_.pci_ids, options_.domain, options_.overrides) {}
+  ~Impl() { Stop(); }
+
+  absl::Status Start();
+  void Stop();
+  DeviceSnapshot Snapshot() const {
+    std::lock_guard lock(mu_);
+    return snapshot_;
+  }
+  std::vector<ResourceStatus> Resources() const;
+
+ private:
+  void Loop();
+  void Rescan();
+  void Reconcile();
+  void Serve(Resource& resource);
+  void StartRegister(Resource& resource, const FileId& kubelet);
+  void RegisterDone(const RegisterCall& call);
+  void Post(std::function<void()> task);
+  void RunPosted();
+  Clock::time_point NextDeadline() const;
+
+  const ServeOptions options_;
+  const std::filesystem::path kubelet_socket_;
+  const names::NameResolver names_;
+  internal::DirWatcher dirs_;
+  internal::UdevMonitor udev_;
+  internal::Wakeup wakeup_;
+  std::thread loop_;
+  bool started_ = false;
+
+  // Loop state; the accessors read it under mu_.
+  mutable std::mutex mu_;
+  DeviceSnapshot snapshot_;
+  std::set<std::string> remembered_;
+  std::map<std::string, Resource> resources_;
+  FileId kubelet_;
+  Clock::time_point next_rescan_{}, settle_rescan_ = Clock::time_point::max();
+  std::mt19937 jitter_{std::random_device{}()};
+
+  // Work handed to the loop by gRPC threads (stream ended, Register answered).
+  std::mutex queue_mu_;
+  std::condition_variable calls_cv_;
+  std::deque<std::function<void()>> queue_;
+  std::set<RegisterCall*> calls_in_flight_;
+  bool stopping_ = false;
+};
+
+absl::Status Agent::Impl::Start() {
+  if (absl::Status status = dirs_.Open(); !status.ok()) return status;
+  std::error_code ec;
+  std::filesystem::create_directories(options_.paths.kubelet_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("create ", options_.paths.kubelet_dir.string(), ": ", ec.message()));
+  }
+  dirs_.Refresh(options_.paths.kubelet_dir, options_.paths.dev_root);
+  if (options_.udev) {
+    if (absl::Status status = udev_.Open(); !status.ok()) {
+      spdlog::warn("no udev monitor ({}); relying on inotify and the {} ms rescan", status.ToString(),
+                   options_.rescan_interval.count());
+    }
+  }
+  absl::StatusOr<pci::Inventory> first = pci::Scan(options_.paths.sysfs_root);
+  if (!first.ok()) return first.status();
+  {
+    std::lock_guard lock(mu_);
+    Rescan();
+    Reconcile();
+  }
+  started_ = true;
+  loop_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Agent::Impl::Stop() {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wakeup_.Notify();
+  if (loop_.joinable()) loop_.join();
+  {
+    std::unique_lock lock(queue_mu_);
+    for (RegisterCall* call : calls_in_flight_) call->context.TryCancel();
+    calls_cv_.wait(lock, [&] { return calls_in_flight_.empty(); });
+    queue_.clear();
+  }
+  std::lock_guard lock(mu_);
+  for (auto& [name, resource] : resources_) {
+    if (resource.server) {
+      resource.server->Shutdown(/*deregister=*/true);
+      resource.server.reset();
+    }
+    if (options_.cdi) std::filesystem::remove(CdiSpecPath(options_.cdi_dir, name));
+    if (started_) spdlog::info("{}: stopped, socket {} removed", name, resource.socket.string());
+  }
+  resources_.clear();
+}
+
+std::vector<ResourceStatus> Agent::Impl::Resources() const {
+  std::lock_guard lock(mu_);
+  std::vector<ResourceStatus> out;
+  for (const auto& [name, resource] : resources_) {
+    out.push_back({name, resource.socket, resource.registered, resource.registrations,
+                   resource.server ? resource.server->live_streams() : 0});
+  }
+  return out;
+}
+
+void Agent::Impl::Post(std::function<void()> task) {
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(std::move(task));
+  }
+  wakeup_.Notify();
+}
+
+void Agent::Impl::RunPosted() {
+  std::deque<std::function<void()>> tasks;
+  {
+    std::lock_guard lock(queue_mu_);
+    tasks.swap(queue_);
+  }
+  for (auto& task : tasks) task();
+}
+
+Clock::time_point Agent::Impl::NextDeadline() const {
+  Clock::time_point next = std::min({next_rescan_, settle_rescan_, Clock::now() + kMaxPollWait});
+  for (const auto& [name, resource] : resources_) {
+    if (!resource.server) next = std::min(next, resource.next_serve);
+    if (resource.server && !resource.registered && !resource.register_in_flight && kubelet_.present()) {
+      next = std::min(next, resource.next_attempt);
+    }
+  }
+  return next;
+}
+
+void Agent::Impl::Loop() {
+  while (true) {
+    int timeout_ms;
+    {
+      std::lock_guard lock(mu_);
+      auto wait = std::chrono::ceil<milliseconds>(NextDeadline() - Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, kMaxPollWait.count()));
+    }
+    pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {udev_.fd(), POLLIN, 0}};
+    ::poll(fds, udev_.fd() >= 0 ? 3 : 2, timeout_ms);
+    {
+      std::lock_guard lock(queue_mu_);
+      if (stopping_) return;
+    }
+    bool rescan = false;
+    if (fds[0].revents & POLLIN) wakeup_.Drain();
+    if (fds[1].revents & POLLIN) {
+      if (dirs_.Drain().devices) {
+        rescan = true;
+        settle_rescan_ = Clock::now() + kSettleRescan;
+      }
+    }
+    if (udev_.fd() >= 0 && (fds[2].revents & POLLIN) && udev_.Drain()) {
+      rescan = true;
+      settle_rescan_ = Clock::now() + kSettleRescan;
+    }
+    dirs_.Refresh(options_.paths.kubelet_dir, options_.paths.dev_root);
+    RunPosted();
+    std::lock_guard lock(mu_);
+    const Clock::time_point now = Clock::now();
+    if (now >= settle_rescan_) {
+      settle_rescan_ = Clock::time_point::max();
+      rescan = true;
+    }
+    if (rescan || now >= next_rescan_) Rescan();
+    Reconcile();
+  }
+}
+
+void Agent::Impl::Rescan() {
+  next_rescan_ = Clock::now() + options_.rescan_interval;
+  absl::StatusOr<pci::Inventory> inventory = pci::Scan(options_.paths.sysfs_root);
+  if (!inventory.ok()) {
+    spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
+    return;
+  }
+  const pci::Selection selection = pci::Select(*inventory, options_.policy);
+  DeviceSnapshot next = BuildSnapshot(options_.paths, *inventory, selection, names_, remembered_);
+  if (next == snapshot_) return;
+  for (const auto& [name, resource] : next.resources) {
+    const ResourceDevices* before = nullptr;
+    if (auto it = snapshot_.resources.find(name); it != snapshot_.resources.end()) before = &it->second;
+    for (const PluginDevice& device : resource.devices) {
+      std::string change = ChangeSummary(before ? before->Find(device.id) : nullptr, device);
+      if (!change.empty()) spdlog::info("{} {}: {}", device.id, name, change);
+    }
+  }
+  for (const auto& [name, resource] : snapshot_.resources) {
+    for (const PluginDevice& device : resource.devices) {
+      auto it = next.resources.find(name);
+      if (it == next.resources.end() || it->second.Find(device.id) == nullptr) {
+        spdlog::info("{} {}: removed (gone from sysfs)", device.id, name);
+      }
+    }
+  }
+  snapshot_ = std::move(next);
+  remembered_ = AdvertisedIds(snapshot_);
+  for (const auto& [name, devices] : snapshot_.resources) {
+    if (resources_.contains(name)) continue;
+    Resource& resource = resources_[name];
+    resource.name = name;
+    resource.socket = options_.paths.kubelet_dir / SocketName(name);
+  }
+  static const ResourceDevices kNone;
+  for (auto& [name, resource] : resources_) {
+    auto it = snapshot_.resources.find(name);
+    ResourceDevices devices = it != snapshot_.resources.end() ? it->second : kNone;
+    devices.resource_name = name;
+    if (options_.cdi) {
+      if (absl::Status status = WriteCdiSpec(options_.cdi_dir, devices, snapshot_.iommufd); !status.ok()) {
+        spdlog::error("{}: CDI spec: {}", name, status.ToString());
+      }
+    }
+    // A resource whose GPUs all left stays registered with an empty list (capacity 0, R7).
+    if (resource.server) resource.server->Update(devices, snapshot_.iommufd);
+  }
+}
+
+void Agent::Impl::Reconcile() {
+  const Clock::time_point now = Clock::now();
+  const FileId kubelet = StatFileId(kubelet_socket_);
+  if (!(kubelet == kubelet_)) {
+    if (kubelet.present()) spdlog::info("kubelet socket {} appeared", kubelet_socket_.string());
+    kubelet_ = kubelet;
+    // A new kubelet: dial it now, whatever backoff was running.
+    for (auto& [name, resource] : resources_) {
+      resource.backoff = milliseconds(0);
+      resource.next_attempt = now;
+    }
+  }
+  for (auto& [name, resource] : resources_) {
+    std::string reason;
+    if (!resource.server) {
+      if (now >= resource.next_serve) reason = "serving";
+    } else if (!(StatFileId(resource.socket) == resource.server->socket_id())) {
+      reason = "own socket removed (kubelet restart)";
+    } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
+      reason = "kubelet.sock re-created (kubelet restart)";
+    } else if (resource.stream_ended && resource.registered && resource.server->live_streams() == 0) {
+      reason = "ListAndWatch stream ended";
+    }
+    resource.stream_ended = false;
+    if (!reason.empty()) {
+      if (resource.server) spdlog::info("{}: restarting server: {}", name, reason);
+      Serve(resource);
+    }
+    if (resource.server && !resource.registered && !resource.register_in_flight && kubelet.present() &&
+        now >= resource.next_attempt) {
+      StartRegister(resource, kubelet);
+    }
+  }
+}
+
+void Agent::Impl::Serve(Resource& resource) {
+  if (resource.server) {
+    // Destroyed before the new one binds: gRPC unlinks the path when the old server shuts down.
+    resource.server->Shutdown(/*deregister=*/false);
+    resource.server.reset();
+  }
+  resource.registered = false;
+  resource.register_in_flight = false;
+  resource.next_attempt = Clock::now();
+  const uint64_t generation = ++resource.generation;
+  const std::string name = resource.name;
+  auto server = std::make_unique<ResourceServer>(name, resource.socket, options_.cdi, [this, name, generation] {
+    Post([this, name, generation] {
+      std::lock_guard lock(mu_);
+      auto it = resources_.find(name);
+      if (it != resources_.end() && it->second.generation == generation) it->second.stream_ended = true;
+    });
+  });
+  std::error_code ec;
+  std::filesystem::create_directories(options_.paths.kubelet_dir, ec);
+  static const ResourceDevices kNone;
+  auto it = snapshot_.resources.find(name);
+  ResourceDevices devices = it != snapshot_.resources.end() ? it->second : kNone;
+  devices.resource_name = name;
+  if (absl::Status status = server->Start(devices, snapshot_.iommufd); !status.ok()) {
+    spdlog::error("{}: {}; retrying in 1 s", name, status.ToString());
+    resource.next_serve = Clock::now() + milliseconds(1000);
+    return;
+  }
+  spdlog::info("{}: serving {} devices on {}", name, devices.devices.size(), resource.socket.string());
+  resource.server = std::move(server);
+}
+
+void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
+  auto call = std::make_unique<RegisterCall>();
+  grpc::ChannelArguments args;
+  // A private subchannel pool: a fresh connection attempt every time, never a shared reconnect backoff.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  call->channel = grpc::CreateCustomChannel("unix:" + kubelet_socket_.string(), grpc::InsecureChannelCredentials(), args);
+  call->stub = v1beta1::Registration::NewStub(call->channel);
+  call->context.set_deadline(std::chrono::system_clock::now() + kRegisterDeadline);
+  call->request.set_version("v1beta1");
+  call->request.set_endpoint(resource.socket.filename().string());
+  call->request.set_resource_name(resource.name);
+  *call->request.mutable_options() = internal::PluginOptions();
+  call->resource = resource.name;
+  call->generation = resource.generation;
+  call->kubelet = kubelet;
+  resource.register_in_flight = true;
+  RegisterCall* raw = call.release();
+  {
+    std::lock_guard lock(queue_mu_);
+    calls_in_flight_.insert(raw);
+  }
+  raw->stub->async()->Register(&raw->context, &raw->request, &raw->response, [this, raw](grpc::Status status) {
+    std::shared_ptr<RegisterCall> call(raw);
+    call->status = std::move(status);
+    {
+      std::lock_guard lock(queue_mu_);
+      calls_in_flight_.erase(raw);
+      // Handed to the loop (or to Stop, which drops it): the channel is never destroyed in its own callback.
+      queue_.push_back([this, call = std::move(call)] { RegisterDone(*call); });
+      calls_cv_.notify_all();
+    }
+    wakeup_.Notify();
+  });
+}
+
+void Agent::Impl::RegisterDone(const RegisterCall& call) {
+  std::lock_guard lock(mu_);
+  auto it = resources_.find(call.resource);
+  if (it == resources_.end() || it->second.generation != call.generation) return;
+  Resource& resource = it->second;
+  resource.register_in_flight = false;
+  if (call.status.ok()) {
+    resource.registered = true;
+    resource.registered_kubelet = call.kubelet;
+    resource.backoff = milliseconds(0);
+    ++resource.registrations;
+    spdlog::info("{}: registered with the kubelet as {}", resource.name, call.request.endpoint());
+    return;
+  }
+  const bool config_error = call.status.error_code() == grpc::StatusCode::UNKNOWN;
+  resource.backoff = config_error ? kConfigErrorBackoff
+                                  : std::clamp(resource.backoff * 2, kFirstBackoff, kMaxBackoff);
+  const milliseconds jitter(std::uniform_int_distribution<int64_t>(0, resource.backoff.count() / 10)(jitter_));
+  resource.next_attempt = Clock::now() + resource.backoff + jitter;
+  auto log = config_error ? spdlog::level::err : spdlog::level::warn;
+  spdlog::log(log, "{}: Register failed ({}: {}); retrying in {} ms or when kubelet.sock appears", resource.name,
+              static_cast<int>(call.status.error_code()), call.status.error_message(),
+              (resource.backoff + jitter).count());
+}
+
+Agent::Agent(ServeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Agent::~Agent() = default;
+absl::Status Agent::Start() { return impl_->Start(); }
+void Agent::Stop() { impl_->Stop(); }
+DeviceSnapshot Agent::Snapshot() const { return impl_->Snapshot(); }
+std::vector<ResourceStatus> Agent::Resources() const { return impl_->Resources(); }
+
+absl::Status Serve(const ServeOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  // Blocked before any thread starts, so every thread inherits the mask and sigwait sees the signal.
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Agent agent(options);
+  if (absl::Status status = agent.Start(); !status.ok()) return status;
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("signal {}: deregistering and removing sockets", signal);
+  agent.Stop();
+  return absl::OkStatus();
+}
+
+}  // namespace vfio_agent::plugin

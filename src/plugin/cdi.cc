@@ -1,0 +1,83 @@
+#include "vfio_gpu_agent/plugin/cdi.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "cdi/v1/spec.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::plugin {
+namespace {
+
+void AddNode(cdi::v1::ContainerEdits* edits, const std::string& path) {
+  cdi::v1::DeviceNode* node = edits->add_device_nodes();
+  node->set_path(path);
+  node->set_permissions("rw");
+}
+
+}  // namespace
+
+std::string CdiDeviceName(std::string_view resource_name, std::string_view device_id) {
+  return std::string(resource_name) + "=" + std::string(device_id);
+}
+
+std::filesystem::path CdiSpecPath(const std::filesystem::path& cdi_dir, std::string_view resource_name) {
+  std::string name(resource_name);
+  std::replace(name.begin(), name.end(), '/', '_');
+  return cdi_dir / ("vfio-gpu-agent_" + name + ".json");
+}
+
+std::string CdiSpecJson(const ResourceDevices& resource, bool iommufd) {
+  cdi::v1::Spec spec;
+  spec.set_cdi_version("0.3.0");
+  spec.set_kind(resource.resource_name);
+  for (const PluginDevice& device : resource.devices) {
+    cdi::v1::Device* entry = spec.add_devices();
+    entry->set_name(device.id);
+    cdi::v1::ContainerEdits* edits = entry->mutable_container_edits();
+    if (iommufd) {
+      for (const std::string& cdev : device.vfio_cdevs) AddNode(edits, "/dev/vfio/devices/" + cdev);
+    }
+    AddNode(edits, "/dev/vfio/vfio");
+    if (device.iommu_group) AddNode(edits, absl::StrCat("/dev/vfio/", *device.iommu_group));
+    if (iommufd) AddNode(edits, "/dev/iommu");
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(spec, &json, options);
+  return json;
+}
+
+absl::Status WriteCdiSpec(const std::filesystem::path& cdi_dir, const ResourceDevices& resource, bool iommufd) {
+  std::error_code ec;
+  std::filesystem::create_directories(cdi_dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("create ", cdi_dir.string(), ": ", ec.message()));
+  const std::filesystem::path target = CdiSpecPath(cdi_dir, resource.resource_name);
+  const std::filesystem::path temp = target.string() + ".tmp";
+  const std::string json = CdiSpecJson(resource, iommufd);
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fs::ErrnoStatus(errno, "create", temp);
+  ssize_t written = ::write(fd, json.data(), json.size());
+  int err = errno;
+  ::fchmod(fd, 0644);
+  ::close(fd);
+  if (written != static_cast<ssize_t>(json.size())) {
+    ::unlink(temp.c_str());
+    return fs::ErrnoStatus(written < 0 ? err : EIO, "write", temp);
+  }
+  if (::rename(temp.c_str(), target.c_str()) != 0) {
+    err = errno;
+    ::unlink(temp.c_str());
+    return fs::ErrnoStatus(err, "rename to", target);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vfio_agent::plugin

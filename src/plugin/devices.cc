@@ -1,0 +1,123 @@
+#include "vfio_gpu_agent/plugin/devices.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::plugin {
+namespace {
+
+// Why a device cannot be handed to a VM right now; "" when it can.
+std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, const pci::GroupAssessment* group,
+                            bool iommufd) {
+  if (!pci::IsVfioDriver(fn.driver)) {
+    return fn.driver.empty() ? "no driver" : absl::StrCat("driver ", fn.driver);
+  }
+  if (!fn.iommu_group) return "no IOMMU group";
+  const std::filesystem::path group_node = paths.VfioDir() / std::to_string(*fn.iommu_group);
+  bool node_present = fs::Exists(group_node);
+  // A cdev-only host (no legacy group nodes) still works through iommufd.
+  if (!node_present && iommufd && !fn.vfio_cdevs.empty()) {
+    node_present = std::all_of(fn.vfio_cdevs.begin(), fn.vfio_cdevs.end(), [&](const std::string& cdev) {
+      return fs::Exists(paths.VfioDir() / "devices" / cdev);
+    });
+  }
+  if (!node_present) return absl::StrCat("no ", group_node.string());
+  absl::StatusOr<uint16_t> vendor = ReadConfigVendor(paths, fn.bdf);
+  if (!vendor.ok()) return absl::StrCat("config space unreadable: ", vendor.status().message());
+  if (*vendor == 0xffff) return "config space reads 0xffff (device off the bus)";
+  if (group == nullptr || !group->viable) {
+    std::string reason = absl::StrCat("IOMMU group ", *fn.iommu_group, " not viable");
+    if (group != nullptr && !group->blockers.empty()) absl::StrAppend(&reason, ": ", group->blockers.front());
+    return reason;
+  }
+  return "";
+}
+
+}  // namespace
+
+const PluginDevice* ResourceDevices::Find(std::string_view id) const {
+  auto it = std::lower_bound(devices.begin(), devices.end(), id,
+                             [](const PluginDevice& d, std::string_view v) { return d.id < v; });
+  return it != devices.end() && it->id == id ? &*it : nullptr;
+}
+
+absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::string& bdf) {
+  const std::filesystem::path config = paths.PciDevice(bdf) / "config";
+  int fd = ::open(config.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fs::ErrnoStatus(errno, "open", config);
+  unsigned char bytes[2] = {0, 0};
+  ssize_t n = ::pread(fd, bytes, sizeof bytes, 0);
+  int err = errno;
+  ::close(fd);
+  if (n < 0) return fs::ErrnoStatus(err, "read", config);
+  if (n < 2) return absl::UnavailableError(absl::StrCat("short read of ", config.string()));
+  return static_cast<uint16_t>(bytes[0] | (bytes[1] << 8));
+}
+
+DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
+                             const pci::Selection& selection, const names::NameResolver& names,
+                             const std::set<std::string>& remembered) {
+  DeviceSnapshot snapshot;
+  snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
+
+  std::vector<const pci::Function*> advertised;
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& bdf : selection.gpus) {
+    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn == nullptr) continue;
+    if (!pci::IsVfioDriver(fn->driver) && !remembered.contains(bdf)) continue;
+    advertised.push_back(fn);
+    ids.emplace_back(fn->vendor_id, fn->device_id);
+  }
+  if (advertised.empty()) return snapshot;
+  const std::map<uint32_t, names::ResolvedName> resolved = names.Resolve(ids);
+
+  for (const pci::Function* fn : advertised) {
+    auto name = resolved.find(static_cast<uint32_t>(fn->vendor_id) << 16 | fn->device_id);
+    if (name == resolved.end()) continue;  // the resolver answers every id it is given
+    ResourceDevices& resource = snapshot.resources[name->second.resource_name];
+    if (resource.resource_name.empty()) {
+      resource.resource_name = name->second.resource_name;
+      resource.env_name = names::KubevirtEnvName(resource.resource_name);
+    }
+    const pci::GroupAssessment* group = selection.GroupOf(*fn);
+    PluginDevice device;
+    device.id = fn->bdf;
+    device.unhealthy_reason = UnhealthyReason(paths, *fn, group, snapshot.iommufd);
+    device.healthy = device.unhealthy_reason.empty();
+    device.numa_node = fn->numa_node;
+    device.iommu_group = fn->iommu_group;
+    if (group != nullptr) {
+      for (const pci::Member& member : group->members) {
+        if (member.role == pci::Role::kGpu || member.role == pci::Role::kCompanion) {
+          device.group_functions.push_back(member.bdf);
+        }
+      }
+    }
+    device.vfio_cdevs = fn->vfio_cdevs;
+    std::sort(device.vfio_cdevs.begin(), device.vfio_cdevs.end());
+    resource.devices.push_back(std::move(device));
+  }
+  for (auto& [name, resource] : snapshot.resources) {
+    std::sort(resource.devices.begin(), resource.devices.end(),
+              [](const PluginDevice& a, const PluginDevice& b) { return a.id < b.id; });
+  }
+  return snapshot;
+}
+
+std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot) {
+  std::set<std::string> ids;
+  for (const auto& [name, resource] : snapshot.resources) {
+    for (const PluginDevice& device : resource.devices) ids.insert(device.id);
+  }
+  return ids;
+}
+
+}  // namespace vfio_agent::plugin

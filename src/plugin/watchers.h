@@ -1,0 +1,69 @@
+// The agent's event sources, as plain file descriptors for one poll(2) loop: inotify on the kubelet
+// directory and on the dev root's vfio/, the libudev PCI monitor, and an eventfd for wake-ups from gRPC
+// threads.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "absl/status/status.h"
+
+struct udev;
+struct udev_monitor;
+
+namespace vfio_agent::plugin::internal {
+
+class DirWatcher {
+ public:
+  DirWatcher() = default;
+  ~DirWatcher();
+  DirWatcher(const DirWatcher&) = delete;
+  DirWatcher& operator=(const DirWatcher&) = delete;
+
+  absl::Status Open();
+  int fd() const { return fd_; }
+  // (Re-)adds the watches whose directory exists now and is not watched yet; cheap when nothing changed,
+  // so the loop calls it on every turn (a recreated directory loses its watch).
+  void Refresh(const std::filesystem::path& kubelet_dir, const std::filesystem::path& dev_root);
+  struct Drained {
+    bool kubelet_dir = false;  // anything in the kubelet directory changed
+    bool devices = false;      // vfio group nodes, /dev/vfio or /dev/iommu changed
+  };
+  Drained Drain();
+
+ private:
+  int fd_ = -1;
+  int kubelet_wd_ = -1, dev_wd_ = -1, vfio_wd_ = -1;
+};
+
+class UdevMonitor {
+ public:
+  UdevMonitor() = default;
+  ~UdevMonitor();
+  UdevMonitor(const UdevMonitor&) = delete;
+  UdevMonitor& operator=(const UdevMonitor&) = delete;
+
+  absl::Status Open();  // kernel uevents of the pci subsystem (add, remove, bind, unbind)
+  int fd() const;       // -1 when not open
+  bool Drain();         // true when at least one event arrived
+
+ private:
+  struct udev* udev_ = nullptr;
+  struct udev_monitor* monitor_ = nullptr;
+};
+
+class Wakeup {
+ public:
+  Wakeup();
+  ~Wakeup();
+  Wakeup(const Wakeup&) = delete;
+  Wakeup& operator=(const Wakeup&) = delete;
+  int fd() const { return fd_; }
+  void Notify();  // async-signal-safe
+  void Drain();
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace vfio_agent::plugin::internal

@@ -1,0 +1,432 @@
+// Bind and unbind against the FUSE sysfs simulator, which reacts like the kernel (driver_override,
+// bind/unbind/drivers_probe semantics, /dev/vfio nodes) and injects faults through its control file.
+#include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "report/v1/bind.pb.h"
+#include "sim_process.h"
+#include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::binding {
+namespace {
+
+namespace stdfs = std::filesystem;
+using ::testing::Contains;
+using ::testing::Each;
+using ::testing::Field;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+// A real child process holding `path` open until destroyed (a VM on /dev/vfio/<g>, a CUDA app on /dev/nvidia0).
+class Holding {
+ public:
+  explicit Holding(const stdfs::path& path) {
+    int ready[2];
+    EXPECT_EQ(pipe(ready), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(path.c_str(), O_RDONLY);
+      (void)!write(ready[1], fd >= 0 ? "y" : "n", 1);
+      pause();
+      _exit(0);
+    }
+    char c = 0;
+    EXPECT_EQ(read(ready[0], &c, 1), 1);
+    EXPECT_EQ(c, 'y') << "child could not open " << path;
+    close(ready[0]);
+    close(ready[1]);
+  }
+  ~Holding() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+class BinderSimTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (stdfs::temp_directory_path() / "va-binder-XXXXXX").string();
+    tmp_ = mkdtemp(tmpl.data());
+  }
+  void TearDown() override {
+    sim_.reset();
+    stdfs::remove_all(tmp_);
+  }
+
+  void Start(const stdfs::path& node_file) {
+    stdfs::create_directories(tmp_ / "root");
+    absl::StatusOr<std::unique_ptr<sim::SimProcess>> sim = sim::SimProcess::Start(node_file, tmp_ / "root");
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    sim_ = *std::move(sim);
+    paths_.sysfs_root = sim_->sysfs_root();
+    paths_.dev_root = sim_->dev_root();
+    paths_.proc_root = "/proc";
+    paths_.modules_root = tmp_ / "modules";  // empty: no variants, and no module could ever be loaded
+  }
+  void StartNode(const std::string& name) { Start(sim::NodeFile(name)); }
+
+  BinderOptions BindOptions() const {
+    BinderOptions options;
+    options.paths = paths_;
+    options.write_timeout = absl::Seconds(3);
+    options.devnode_wait = absl::Seconds(1);
+    options.kernel_release = "6.1.0-sim";
+    return options;
+  }
+  UnbindOptions RestoreOptions() const {
+    UnbindOptions options;
+    options.paths = paths_;
+    options.write_timeout = absl::Seconds(3);
+    return options;
+  }
+
+  BindReport MustBind(const BinderOptions& options) {
+    absl::StatusOr<BindReport> report = Bind(options);
+    EXPECT_TRUE(report.ok()) << report.status();
+    return report.ok() ? *std::move(report) : BindReport{};
+  }
+  BindReport MustUnbind(const UnbindOptions& options) {
+    absl::StatusOr<BindReport> report = Unbind(options);
+    EXPECT_TRUE(report.ok()) << report.status();
+    return report.ok() ? *std::move(report) : BindReport{};
+  }
+
+  std::string Driver(const std::string& bdf) const {
+    absl::StatusOr<std::string> driver = fs::ReadLinkBasename(paths_.PciDevice(bdf) / "driver");
+    return driver.ok() ? *driver : "";
+  }
+  std::string Override(const std::string& bdf) const {
+    return fs::ReadTrimmed(paths_.PciDevice(bdf) / "driver_override").value_or("?");
+  }
+  std::vector<std::string> LogAbout(const std::string& bdf) const {
+    std::vector<std::string> lines;
+    for (const std::string& line : sim_->Log()) {
+      if (line.find(bdf) != std::string::npos) lines.push_back(line);
+    }
+    return lines;
+  }
+  static const DeviceResult& Device(const BindReport& report, const std::string& bdf) {
+    for (const DeviceResult& device : report.devices) {
+      if (device.bdf == bdf) return device;
+    }
+    static const DeviceResult missing;
+    ADD_FAILURE() << bdf << " not in report:\n" << FormatBindReport(report);
+    return missing;
+  }
+  static std::map<Outcome, int> Count(const BindReport& report) {
+    std::map<Outcome, int> counts;
+    for (const DeviceResult& device : report.devices) ++counts[device.outcome];
+    return counts;
+  }
+
+  stdfs::path tmp_;
+  std::unique_ptr<sim::SimProcess> sim_;
+  HostPaths paths_;
+};
+
+struct NodeCase {
+  std::string node;
+  int bound = 0;
+  int already = 0;
+  int blocked = 0;
+};
+
+class EveryNodeTest : public BinderSimTest, public ::testing::WithParamInterface<NodeCase> {};
+
+// Every shipped node: the outcome counts, the kernel-visible result of each bound device, no sysfs write for
+// a device that was not to be moved, and a second run that writes nothing at all.
+TEST_P(EveryNodeTest, BindsWhatCanBeBoundAndRerunIsANoOp) {
+  const NodeCase& node = GetParam();
+  StartNode(node.node);
+  const BindReport report = MustBind(BindOptions());
+  SCOPED_TRACE(FormatBindReport(report));
+  std::map<Outcome, int> counts = Count(report);
+  EXPECT_EQ(counts[Outcome::kBound], node.bound);
+  EXPECT_EQ(counts[Outcome::kAlreadyBound], node.already);
+  EXPECT_EQ(counts[Outcome::kBlocked], node.blocked);
+  EXPECT_EQ(counts[Outcome::kFailed], 0);
+  EXPECT_EQ(report.ok(), node.blocked == 0);
+  for (const DeviceResult& device : report.devices) {
+    if (device.outcome == Outcome::kBound || device.outcome == Outcome::kAlreadyBound) {
+      EXPECT_EQ(Driver(device.bdf), "vfio-pci") << device.bdf;
+      ASSERT_TRUE(device.iommu_group.has_value());
+      EXPECT_TRUE(fs::Exists(paths_.VfioDir() / std::to_string(*device.iommu_group))) << device.bdf;
+    } else {
+      EXPECT_THAT(LogAbout(device.bdf), IsEmpty()) << device.bdf;
+      EXPECT_NE(Driver(device.bdf), "vfio-pci");
+    }
+    if (device.outcome == Outcome::kAlreadyBound) {
+      EXPECT_THAT(LogAbout(device.bdf), IsEmpty());
+    }
+  }
+
+  const std::vector<std::string> log_before = sim_->Log();
+  const BindReport again = MustBind(BindOptions());
+  EXPECT_EQ(sim_->Log(), log_before) << "a second bind must not write to sysfs";
+  std::map<Outcome, int> again_counts = Count(again);
+  EXPECT_EQ(again_counts[Outcome::kAlreadyBound], node.bound + node.already);
+  EXPECT_EQ(again_counts[Outcome::kBlocked], node.blocked);
+  EXPECT_EQ(again.ok(), node.blocked == 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, EveryNodeTest,
+                         ::testing::Values(NodeCase{"hgx-h200-8gpu.json", 8, 0, 0}, NodeCase{"a10x2-nvidia.json", 2, 0, 0},
+                                           NodeCase{"workstation-gpu-audio-usb.json", 4, 0, 0},
+                                           NodeCase{"gpu-foreign-nic.json", 1, 0, 1},
+                                           NodeCase{"gpu-behind-bridge.json", 1, 0, 0},
+                                           NodeCase{"iommu-off.json", 0, 0, 2}, NodeCase{"a10-t4-mixed.json", 0, 4, 0}),
+                         [](const auto& info) {
+                           std::string name = info.param.node.substr(0, info.param.node.find('.'));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST_F(BinderSimTest, ForeignDeviceInGroupIsReportedAndUntouched) {
+  StartNode("gpu-foreign-nic.json");
+  const BindReport report = MustBind(BindOptions());
+  const DeviceResult& gpu = Device(report, "0000:3b:00.0");
+  EXPECT_EQ(gpu.outcome, Outcome::kBlocked);
+  EXPECT_THAT(gpu.reason, HasSubstr("0000:3c:00.0 8086:1572 bound to i40e"));
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+  EXPECT_EQ(Driver("0000:3c:00.0"), "i40e");
+  EXPECT_THAT(LogAbout("0000:3c:00.0"), IsEmpty());
+  EXPECT_EQ(Device(report, "0000:86:00.0").outcome, Outcome::kBound);
+  EXPECT_THAT(FormatBindReport(report), HasSubstr("0000:3b:00.0 10de:2236 gpu group 30: blocked"));
+}
+
+TEST_F(BinderSimTest, BridgeInGroupStaysOnItsDriver) {
+  StartNode("gpu-behind-bridge.json");
+  const BindReport report = MustBind(BindOptions());
+  EXPECT_EQ(Device(report, "0000:5e:00.0").outcome, Outcome::kBound);
+  EXPECT_EQ(Driver("0000:5d:00.0"), "pcieport");
+  EXPECT_THAT(LogAbout("0000:5d:00.0"), IsEmpty());
+}
+
+TEST_F(BinderSimTest, NvSwitchesOnlyWithTheSwitch) {
+  StartNode("hgx-h200-8gpu.json");
+  BinderOptions options = BindOptions();
+  options.policy.include_nvswitches = true;
+  const BindReport report = MustBind(options);
+  EXPECT_EQ(Count(report)[Outcome::kBound], 12);
+  EXPECT_EQ(Device(report, "0000:05:00.0").role, pci::Role::kNvSwitch);
+  EXPECT_EQ(Driver("0000:05:00.0"), "vfio-pci");
+}
+
+TEST_F(BinderSimTest, DryRunWritesNothing) {
+  StartNode("a10x2-nvidia.json");
+  BinderOptions options = BindOptions();
+  options.dry_run = true;
+  const BindReport report = MustBind(options);
+  EXPECT_THAT(report.devices, Each(Field(&DeviceResult::outcome, Outcome::kWouldBind)));
+  EXPECT_EQ(report.devices.size(), 2u);
+  EXPECT_TRUE(report.ok());
+  EXPECT_THAT(sim_->Log(), IsEmpty());
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+}
+
+TEST_F(BinderSimTest, OnlyBindsTheNamedDevice) {
+  StartNode("a10x2-nvidia.json");
+  BinderOptions options = BindOptions();
+  options.only = {"86:00.0"};
+  const BindReport report = MustBind(options);
+  ASSERT_EQ(report.devices.size(), 1u);
+  EXPECT_EQ(report.devices[0].outcome, Outcome::kBound);
+  EXPECT_EQ(Driver("0000:86:00.0"), "vfio-pci");
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+  options.only = {"0000:99:00.0"};
+  EXPECT_FALSE(Bind(options).ok());
+}
+
+// One GPU's unbind never returns (nvidia waiting for its clients): that device is abandoned at the
+// deadline and reported with who holds it; the seven other groups are bound meanwhile.
+TEST_F(BinderSimTest, BlockedUnbindIsAbandonedAndHolderReported) {
+  StartNode("hgx-h200-8gpu.json");
+  const std::string stuck = "0000:3b:00.0";
+  ASSERT_TRUE(sim_->Control("unbind-delay " + stuck + " -1").ok());
+  Holding cuda_app(paths_.dev_root / "nvidia0");
+  BinderOptions options = BindOptions();
+  options.write_timeout = absl::Milliseconds(400);
+  const auto start = std::chrono::steady_clock::now();
+  const BindReport report = MustBind(options);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  SCOPED_TRACE(FormatBindReport(report));
+
+  const DeviceResult& blocked = Device(report, stuck);
+  EXPECT_EQ(blocked.outcome, Outcome::kBlocked);
+  EXPECT_THAT(blocked.reason, HasSubstr("did not return within"));
+  EXPECT_THAT(blocked.reason, HasSubstr(absl::StrCat("pid ", cuda_app.pid())));
+  EXPECT_THAT(blocked.holders, Contains(Field(&Holder::pid, cuda_app.pid())));
+  EXPECT_FALSE(report.ok());
+  EXPECT_EQ(Count(report)[Outcome::kBound], 7);
+  EXPECT_THAT(BindReportToJson(report), HasSubstr("\"OUTCOME_BLOCKED\""));
+
+  // The kernel finishes the unbind once the clients go; the abandoned writer thread then returns.
+  ASSERT_TRUE(sim_->Control("release " + stuck).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+class BindErrnoTest : public BinderSimTest, public ::testing::WithParamInterface<std::pair<std::string, std::string>> {};
+
+TEST_P(BindErrnoTest, FailedProbeIsReportedAndOtherGroupsBind) {
+  const auto& [errno_name, text] = GetParam();
+  StartNode("a10x2-nvidia.json");
+  ASSERT_TRUE(sim_->Control("bind-errno 0000:3b:00.0 " + errno_name).ok());
+  const BindReport report = MustBind(BindOptions());
+  SCOPED_TRACE(FormatBindReport(report));
+  const DeviceResult& failed = Device(report, "0000:3b:00.0");
+  EXPECT_EQ(failed.outcome, Outcome::kFailed);
+  EXPECT_THAT(failed.reason, HasSubstr(text));
+  EXPECT_THAT(failed.steps, Contains(HasSubstr("drivers_probe")));  // the fallback is visible, not silent
+  EXPECT_EQ(failed.driver_after, Driver("0000:3b:00.0"));
+  EXPECT_NE(Driver("0000:3b:00.0"), "vfio-pci");
+  EXPECT_EQ(Device(report, "0000:86:00.0").outcome, Outcome::kBound);
+  EXPECT_FALSE(report.ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Errnos, BindErrnoTest,
+                         ::testing::Values(std::pair{"EBUSY", "Device or resource busy"},
+                                           std::pair{"ENODEV", "No such device"},
+                                           std::pair{"EINVAL", "Invalid argument"}),
+                         [](const auto& info) { return info.param.first; });
+
+TEST_F(BinderSimTest, DeviceRemovedMidBind) {
+  StartNode("a10x2-nvidia.json");
+  ASSERT_TRUE(sim_->Control("unbind-delay 0000:3b:00.0 800").ok());
+  absl::StatusOr<BindReport> report;
+  std::thread bind([&] { report = Bind(BindOptions()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(sim_->Control("remove 0000:3b:00.0").ok());
+  bind.join();
+  ASSERT_TRUE(report.ok()) << report.status();
+  SCOPED_TRACE(FormatBindReport(*report));
+  const DeviceResult& removed = Device(*report, "0000:3b:00.0");
+  EXPECT_EQ(removed.outcome, Outcome::kFailed);
+  EXPECT_THAT(removed.reason, HasSubstr("removed"));
+  EXPECT_EQ(Device(*report, "0000:86:00.0").outcome, Outcome::kBound);
+  EXPECT_FALSE(report->ok());
+}
+
+TEST_F(BinderSimTest, MissingVfioDriverIsReportedWithoutTouchingDevices) {
+  std::ifstream in(sim::NodeFile("a10x2-nvidia.json"));
+  std::string node((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string entry = "\"vfio-pci\"";
+  const size_t at = node.find(entry);
+  ASSERT_NE(at, std::string::npos);
+  node.replace(at, entry.size(), "\"snd_hda_intel\"");
+  std::ofstream(tmp_ / "no-vfio.json") << node;
+  Start(tmp_ / "no-vfio.json");
+  const BindReport report = MustBind(BindOptions());
+  SCOPED_TRACE(FormatBindReport(report));
+  EXPECT_THAT(report.devices, Each(Field(&DeviceResult::outcome, Outcome::kBlocked)));
+  EXPECT_THAT(report.devices, Each(Field(&DeviceResult::reason, HasSubstr("vfio_pci"))));
+  EXPECT_THAT(sim_->Log(), IsEmpty());
+}
+
+TEST_F(BinderSimTest, UnbindRefusesAGroupAVmHoldsUnlessForced) {
+  StartNode("a10x2-nvidia.json");
+  ASSERT_TRUE(MustBind(BindOptions()).ok());
+  Holding vm(paths_.VfioDir() / "33");  // 0000:3b:00.0's group
+  const size_t log_size = sim_->Log().size();
+
+  const BindReport refused = MustUnbind(RestoreOptions());
+  SCOPED_TRACE(FormatBindReport(refused));
+  const DeviceResult& held = Device(refused, "0000:3b:00.0");
+  EXPECT_EQ(held.outcome, Outcome::kRefused);
+  EXPECT_THAT(held.reason, HasSubstr(absl::StrCat("pid ", vm.pid())));
+  EXPECT_THAT(held.holders, Contains(Field(&Holder::pid, vm.pid())));
+  EXPECT_EQ(Driver("0000:3b:00.0"), "vfio-pci");
+  EXPECT_EQ(Device(refused, "0000:86:00.0").outcome, Outcome::kRestored);
+  EXPECT_FALSE(refused.ok());
+  const std::vector<std::string> log = sim_->Log();
+  for (size_t i = log_size; i < log.size(); ++i) EXPECT_THAT(log[i], Not(HasSubstr("0000:3b:00.0")));
+
+  UnbindOptions force = RestoreOptions();
+  force.force = true;
+  const BindReport forced = MustUnbind(force);
+  EXPECT_EQ(Device(forced, "0000:3b:00.0").outcome, Outcome::kRestored);
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+}
+
+TEST_F(BinderSimTest, UnbindRestoresEveryFunctionToItsOriginalDriver) {
+  StartNode("workstation-gpu-audio-usb.json");
+  const std::map<std::string, std::string> original = {{"0000:01:00.0", "nvidia"},
+                                                       {"0000:01:00.1", "snd_hda_intel"},
+                                                       {"0000:01:00.2", "xhci_hcd"},
+                                                       {"0000:01:00.3", "nvidia-gpu"}};
+  ASSERT_TRUE(MustBind(BindOptions()).ok());
+  for (const auto& [bdf, driver] : original) ASSERT_EQ(Driver(bdf), "vfio-pci") << bdf;
+
+  const BindReport report = MustUnbind(RestoreOptions());
+  SCOPED_TRACE(FormatBindReport(report));
+  EXPECT_TRUE(report.ok());
+  for (const auto& [bdf, driver] : original) {
+    EXPECT_EQ(Driver(bdf), driver) << bdf;
+    EXPECT_EQ(Device(report, bdf).outcome, Outcome::kRestored);
+    EXPECT_EQ(Device(report, bdf).driver_after, driver);
+    EXPECT_EQ(Override(bdf), "(null)") << bdf;
+  }
+  EXPECT_EQ(Driver("0000:00:01.0"), "pcieport");
+  EXPECT_THAT(LogAbout("0000:00:01.0"), IsEmpty());
+}
+
+TEST_F(BinderSimTest, UnbindOneDeviceOrOneGroup) {
+  StartNode("a10-t4-mixed.json");  // all four on vfio-pci already
+  UnbindOptions one = RestoreOptions();
+  one.only = {"0000:af:00.0"};
+  BindReport report = MustUnbind(one);
+  ASSERT_EQ(report.devices.size(), 1u);
+  EXPECT_EQ(report.devices[0].outcome, Outcome::kRestored);
+  EXPECT_EQ(Driver("0000:af:00.0"), "nvidia");
+
+  UnbindOptions group = RestoreOptions();
+  group.groups = {47};
+  report = MustUnbind(group);
+  ASSERT_EQ(report.devices.size(), 1u);
+  EXPECT_EQ(report.devices[0].bdf, "0000:5e:00.0");
+  EXPECT_EQ(Driver("0000:5e:00.0"), "nvidia");
+  EXPECT_EQ(Driver("0000:3b:00.0"), "vfio-pci");
+  EXPECT_EQ(Driver("0000:d8:00.0"), "vfio-pci");
+
+  group.groups = {999};
+  EXPECT_FALSE(Unbind(group).ok());
+}
+
+TEST_F(BinderSimTest, JsonReportRoundTrips) {
+  StartNode("gpu-foreign-nic.json");
+  const BindReport report = MustBind(BindOptions());
+  report::v1::BindReport parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(BindReportToJson(report), &parsed).ok());
+  EXPECT_EQ(parsed.schema(), "vfio-gpu-agent.bind/v1");
+  EXPECT_EQ(parsed.operation(), "bind");
+  EXPECT_FALSE(parsed.ok());
+  ASSERT_EQ(parsed.devices_size(), 2);
+  EXPECT_EQ(parsed.devices(0).bdf(), "0000:3b:00.0");
+  EXPECT_EQ(parsed.devices(0).outcome(), report::v1::OUTCOME_BLOCKED);
+  EXPECT_EQ(parsed.devices(0).iommu_group(), 30);
+  EXPECT_EQ(parsed.devices(1).outcome(), report::v1::OUTCOME_BOUND);
+  EXPECT_EQ(parsed.devices(1).driver_after(), "vfio-pci");
+  EXPECT_EQ(parsed.devices(1).role(), report::v1::GPU);
+  EXPECT_GE(parsed.devices(1).steps_size(), 3);
+  EXPECT_THAT(parsed.summary(), HasSubstr("1 bound"));
+}
+
+}  // namespace
+}  // namespace vfio_agent::binding

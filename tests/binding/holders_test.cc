@@ -1,0 +1,166 @@
+#include "vfio_gpu_agent/binding/holders.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "concurrency.h"
+
+namespace vfio_agent::binding {
+namespace {
+
+namespace stdfs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::Field;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (stdfs::temp_directory_path() / "va-binding-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { stdfs::remove_all(path_); }
+  const stdfs::path& path() const { return path_; }
+
+ private:
+  stdfs::path path_;
+};
+
+void WriteFile(const stdfs::path& path, const std::string& content) {
+  stdfs::create_directories(path.parent_path());
+  std::ofstream(path) << content;
+}
+
+// A fake /proc entry: comm plus fd links to the given targets.
+void FakeProcess(const stdfs::path& proc, int pid, const std::string& comm, const std::vector<stdfs::path>& open) {
+  const stdfs::path dir = proc / std::to_string(pid);
+  WriteFile(dir / "comm", comm + "\n");
+  stdfs::create_directories(dir / "fd");
+  int fd = 3;
+  for (const stdfs::path& target : open) stdfs::create_symlink(target, dir / "fd" / std::to_string(fd++));
+}
+
+// A real child process holding `path` open until killed.
+class Holding {
+ public:
+  explicit Holding(const stdfs::path& path) {
+    int ready[2];
+    EXPECT_EQ(pipe(ready), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(path.c_str(), O_RDONLY);
+      (void)!write(ready[1], fd >= 0 ? "y" : "n", 1);
+      pause();
+      _exit(0);
+    }
+    char c = 0;
+    EXPECT_EQ(read(ready[0], &c, 1), 1);
+    EXPECT_EQ(c, 'y');
+    close(ready[0]);
+    close(ready[1]);
+  }
+  ~Holding() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+TEST(HoldersTest, NvidiaHoldersFromFakeProcAndModules) {
+  TempDir tmp;
+  HostPaths paths{.sysfs_root = tmp.path() / "sys", .dev_root = tmp.path() / "dev", .proc_root = tmp.path() / "proc"};
+  FakeProcess(paths.proc_root, 4242, "nvidia-persiste", {paths.dev_root / "nvidiactl", paths.dev_root / "nvidia0"});
+  FakeProcess(paths.proc_root, 77, "bash", {"/dev/pts/0"});
+  FakeProcess(paths.proc_root, 99, "dcgm-exporter", {});
+  WriteFile(paths.sysfs_root / "module/nvidia/refcnt", "3\n");
+  stdfs::create_directories(paths.sysfs_root / "module/nvidia/holders/nvidia_uvm");
+  WriteFile(paths.sysfs_root / "module/nvidia_drm/refcnt", "0\n");
+  WriteFile(paths.sysfs_root / "module/i40e/refcnt", "5\n");
+
+  std::vector<Holder> holders = NvidiaHolders(paths);
+  EXPECT_THAT(holders, Contains(AllOf(Field(&Holder::pid, 4242), Field(&Holder::comm, "nvidia-persiste"),
+                                      Field(&Holder::what, HasSubstr("/nvidia0 open")))));
+  EXPECT_THAT(holders, Contains(AllOf(Field(&Holder::pid, 4242), Field(&Holder::what, "known GPU daemon"))));
+  EXPECT_THAT(holders, Contains(AllOf(Field(&Holder::pid, 99), Field(&Holder::what, "known GPU daemon"))));
+  EXPECT_THAT(holders, Contains(AllOf(Field(&Holder::pid, 0), Field(&Holder::comm, "nvidia"),
+                                      Field(&Holder::what, "module refcnt 3 (used by nvidia_uvm)"))));
+  for (const Holder& holder : holders) {
+    EXPECT_NE(holder.pid, 77);
+    EXPECT_NE(holder.comm, "nvidia_drm");  // refcnt 0 holds nothing
+    EXPECT_NE(holder.comm, "i40e");
+  }
+  EXPECT_EQ((Holder{.pid = 4242, .comm = "x", .what = "y"}.ToString()), "pid 4242 (x): y");
+}
+
+TEST(HoldersTest, VfioGroupOpenerIsARealProcess) {
+  TempDir tmp;
+  HostPaths paths{.dev_root = tmp.path() / "dev", .proc_root = "/proc"};
+  WriteFile(paths.dev_root / "vfio/33", "");
+  WriteFile(paths.dev_root / "vfio/77", "");
+  EXPECT_THAT(VfioGroupOpeners(paths, 33), IsEmpty());
+  Holding vm(paths.dev_root / "vfio/33");
+  EXPECT_THAT(VfioGroupOpeners(paths, 33), Contains(Field(&Holder::pid, vm.pid())));
+  EXPECT_THAT(VfioGroupOpeners(paths, 77), IsEmpty());
+}
+
+TEST(ConcurrencyTest, BlockedWriteIsAbandonedAtTheDeadline) {
+  TempDir tmp;
+  const stdfs::path fifo = tmp.path() / "blocked";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);  // opening a FIFO for writing blocks until a reader comes
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = WriteWithDeadline(fifo, "0000:3b:00.0", absl::Milliseconds(200));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(fifo.string()));
+  EXPECT_GE(waited, std::chrono::milliseconds(200));
+  EXPECT_LT(waited, std::chrono::seconds(2));
+  // Let the abandoned writer finish so it does not outlive the temp dir.
+  const int reader = open(fifo.c_str(), O_RDONLY);
+  ASSERT_GE(reader, 0);
+  char buf[64];
+  EXPECT_GT(read(reader, buf, sizeof(buf)), 0);
+  close(reader);
+}
+
+TEST(ConcurrencyTest, WriteErrorIsReturned) {
+  TempDir tmp;
+  absl::Status status = WriteWithDeadline(tmp.path() / "missing/attr", "x", absl::Seconds(1));
+  EXPECT_FALSE(status.ok());
+  EXPECT_FALSE(absl::IsDeadlineExceeded(status));
+}
+
+TEST(ConcurrencyTest, RunParallelRunsEveryTaskOnceWithinTheLimit) {
+  std::vector<int> runs(20, 0);
+  std::atomic<int> running{0};
+  std::atomic<int> peak{0};
+  RunParallel(runs.size(), 3, [&](size_t i) {
+    const int now = ++running;
+    int seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ++runs[i];
+    --running;
+  });
+  EXPECT_THAT(runs, ::testing::Each(1));
+  EXPECT_LE(peak.load(), 3);
+  EXPECT_GE(peak.load(), 2);
+}
+
+}  // namespace
+}  // namespace vfio_agent::binding

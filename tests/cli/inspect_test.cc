@@ -1,0 +1,216 @@
+// `inspect` against every shipped simulated node (FUSE) and the real, read-only /sys of this machine.
+#include "vfio_gpu_agent/cli/inspect.h"
+
+#include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "sim_process.h"
+#include "support/sysfs_tree.h"
+
+namespace vfio_agent::cli {
+namespace {
+
+namespace rpt = report::v1;
+using ::testing::HasSubstr;
+
+class InspectTest : public ::testing::Test {
+ protected:
+  void StartNode(const std::string& node) {
+    auto sim = sim::SimProcess::Start(sim::NodeFile(node), tmp_.path() / "node");
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    sim_ = *std::move(sim);
+    options_.paths.sysfs_root = sim_->sysfs_root();
+    options_.paths.dev_root = sim_->dev_root();
+    options_.paths.modules_root = tmp_.path() / "no-modules";
+  }
+
+  rpt::InspectReport Inspect() {
+    auto db = LoadNameDatabase(options_);
+    auto report = BuildInspectReport(options_, db.get());
+    EXPECT_TRUE(report.ok()) << report.status();
+    return report.ok() ? *report : rpt::InspectReport();
+  }
+
+  // Runs the real binary; returns exit code and stdout.
+  std::pair<int, std::string> RunBinary(const std::string& args) {
+    std::string cmd = absl::StrCat(VFIO_AGENT_BINARY, " ", args, " --sysfs-root ", options_.paths.sysfs_root.string(),
+                                   " --dev-root ", options_.paths.dev_root.string(), " --modules-root ",
+                                   options_.paths.modules_root.string(), " 2>/dev/null");
+    FILE* pipe = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+    int status = pclose(pipe);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  }
+
+  vfio_agent::testing::TempDir tmp_;
+  std::unique_ptr<sim::SimProcess> sim_;
+  CommonOptions options_;
+};
+
+std::map<std::string, const rpt::Function*> ByBdf(const rpt::InspectReport& report) {
+  std::map<std::string, const rpt::Function*> out;
+  for (const auto& fn : report.functions()) out[fn.bdf()] = &fn;
+  return out;
+}
+
+TEST_F(InspectTest, HgxH200NodeAdvertisesEightPinnedNamesSplitOverTwoNumaNodes) {
+  StartNode("hgx-h200-8gpu.json");
+  rpt::InspectReport report = Inspect();
+  EXPECT_EQ(report.schema(), kInspectSchema);
+  EXPECT_TRUE(report.iommu_enabled());
+  EXPECT_TRUE(report.ready());
+  ASSERT_EQ(report.functions_size(), 8);  // NVSwitches only on request
+  std::map<int, int> per_numa;
+  for (const auto& fn : report.functions()) {
+    EXPECT_EQ(fn.role(), rpt::GPU) << fn.bdf();
+    // Debian 12's pci.ids has no 10de:2335; the pinned Cozystack table supplies the name.
+    EXPECT_EQ(fn.resource_name(), "nvidia.com/GH100_H200_SXM_141GB") << fn.bdf();
+    EXPECT_EQ(fn.action(), rpt::WOULD_BIND) << fn.bdf();
+    EXPECT_EQ(fn.target_driver(), "vfio-pci");
+    EXPECT_EQ(fn.driver(), "nvidia");
+    EXPECT_GE(fn.iommu_group(), 0);
+    ++per_numa[fn.numa_node()];
+  }
+  EXPECT_EQ(per_numa, (std::map<int, int>{{0, 4}, {1, 4}}));
+  std::string text = FormatInspectText(report);
+  EXPECT_THAT(text, HasSubstr("0000:18:00.0"));
+  EXPECT_THAT(text, HasSubstr("would bind -> vfio-pci"));
+  EXPECT_THAT(text, HasSubstr("ready: every selected device"));
+}
+
+TEST_F(InspectTest, NvSwitchesOnlyWithTheSwitch) {
+  StartNode("hgx-h200-8gpu.json");
+  options_.policy.include_nvswitches = true;
+  rpt::InspectReport report = Inspect();
+  int switches = 0;
+  for (const auto& fn : report.functions()) {
+    if (fn.role() != rpt::NVSWITCH) continue;
+    ++switches;
+    EXPECT_EQ(fn.device_id(), "22a3");
+    EXPECT_FALSE(fn.resource_name().empty());
+  }
+  EXPECT_EQ(switches, 4);
+  EXPECT_EQ(report.functions_size(), 12);
+}
+
+TEST_F(InspectTest, MixedNodeShowsTwoResourcesAlreadyBound) {
+  StartNode("a10-t4-mixed.json");
+  rpt::InspectReport report = Inspect();
+  EXPECT_TRUE(report.ready());
+  std::map<std::string, int> per_resource;
+  for (const auto& fn : report.functions()) {
+    EXPECT_EQ(fn.action(), rpt::ALREADY_BOUND) << fn.bdf();
+    ++per_resource[fn.resource_name()];
+  }
+  EXPECT_EQ(per_resource, (std::map<std::string, int>{{"nvidia.com/GA102GL_A10", 2}, {"nvidia.com/TU104GL_TESLA_T4", 2}}));
+}
+
+TEST_F(InspectTest, WorkstationCompanionsTravelWithTheirGpu) {
+  StartNode("workstation-gpu-audio-usb.json");
+  rpt::InspectReport report = Inspect();
+  auto fns = ByBdf(report);
+  ASSERT_EQ(fns.size(), 4u);
+  EXPECT_EQ(fns["0000:01:00.0"]->role(), rpt::GPU);
+  for (const char* companion : {"0000:01:00.1", "0000:01:00.2", "0000:01:00.3"}) {
+    ASSERT_TRUE(fns.count(companion)) << companion;
+    EXPECT_EQ(fns[companion]->role(), rpt::COMPANION) << companion;
+    EXPECT_EQ(fns[companion]->action(), rpt::WOULD_BIND) << companion;
+    EXPECT_TRUE(fns[companion]->resource_name().empty()) << "companions are never advertised: " << companion;
+  }
+  ASSERT_EQ(report.groups_size(), 1);
+  EXPECT_EQ(report.groups(0).id(), 12);
+  EXPECT_EQ(report.groups(0).members_size(), 4);
+  EXPECT_FALSE(report.groups(0).viable());  // not until the companions leave snd_hda_intel/xhci_hcd
+  EXPECT_TRUE(report.ready());
+  EXPECT_THAT(FormatInspectText(report), HasSubstr("group 12"));
+}
+
+TEST_F(InspectTest, ForeignNicBlocksItsGroupOnlyAndNamesTheCulprit) {
+  StartNode("gpu-foreign-nic.json");
+  rpt::InspectReport report = Inspect();
+  EXPECT_FALSE(report.ready());
+  auto fns = ByBdf(report);
+  ASSERT_TRUE(fns.count("0000:3b:00.0"));
+  EXPECT_EQ(fns["0000:3b:00.0"]->action(), rpt::BLOCKED);
+  EXPECT_THAT(fns["0000:3b:00.0"]->reason(), HasSubstr("0000:3c:00.0"));
+  EXPECT_EQ(fns["0000:86:00.0"]->action(), rpt::WOULD_BIND);
+  bool blocker_named = false;
+  for (const auto& group : report.groups()) {
+    for (const auto& b : group.blockers()) blocker_named |= b.find("0000:3c:00.0 8086:1572 bound to i40e") != std::string::npos;
+  }
+  EXPECT_TRUE(blocker_named);
+}
+
+TEST_F(InspectTest, BridgeInTheGroupDoesNotBlock) {
+  StartNode("gpu-behind-bridge.json");
+  rpt::InspectReport report = Inspect();
+  EXPECT_TRUE(report.ready());
+  ASSERT_EQ(report.groups_size(), 1);
+  bool saw_bridge = false;
+  for (const auto& m : report.groups(0).members()) saw_bridge |= m.role() == rpt::BRIDGE;
+  EXPECT_TRUE(saw_bridge);
+  EXPECT_EQ(ByBdf(report)["0000:5e:00.0"]->resource_name(), "nvidia.com/GA100_A100_PCIE_80GB");
+}
+
+TEST_F(InspectTest, IommuOffBlocksEverythingAndSaysWhy) {
+  StartNode("iommu-off.json");
+  rpt::InspectReport report = Inspect();
+  EXPECT_FALSE(report.iommu_enabled());
+  EXPECT_FALSE(report.ready());
+  ASSERT_EQ(report.functions_size(), 2);
+  for (const auto& fn : report.functions()) {
+    EXPECT_EQ(fn.action(), rpt::BLOCKED);
+    EXPECT_EQ(fn.iommu_group(), -1);
+    EXPECT_EQ(fn.resource_name(), "nvidia.com/TU104GL_TESLA_T4");
+  }
+  EXPECT_THAT(report.summary(), HasSubstr("IOMMU is off"));
+}
+
+TEST_F(InspectTest, BinaryExitCodesAndJsonRoundTrip) {
+  StartNode("gpu-foreign-nic.json");
+  auto [code, out] = RunBinary("inspect --json");
+  EXPECT_EQ(code, 1) << out;
+  rpt::InspectReport parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out, &parsed).ok()) << out;
+  EXPECT_EQ(parsed.schema(), kInspectSchema);
+  EXPECT_EQ(parsed.functions_size(), 2);
+  // Field names are the documented lowerCamelCase ones.
+  EXPECT_THAT(out, HasSubstr("\"resourceName\": \"nvidia.com/GA102GL_A10\""));
+  EXPECT_THAT(out, HasSubstr("\"action\": \"BLOCKED\""));
+
+  auto [help_code, help] = RunBinary("inspect --help");
+  EXPECT_EQ(help_code, 0);
+  EXPECT_THAT(help, HasSubstr("--sysfs-root"));
+  EXPECT_EQ(RunBinary("inspect --no-such-flag").first, 2);
+}
+
+TEST_F(InspectTest, BinaryExitsZeroOnAPassableNode) {
+  StartNode("a10x2-nvidia.json");
+  auto [code, out] = RunBinary("inspect");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("nvidia.com/GA102GL_A10"));
+}
+
+// This machine is a VM whose disk and network are PCI devices, with no NVIDIA device: inspect must read
+// the real /sys without writing and say there is nothing to pass through.
+TEST(InspectRealSysfsTest, ReadOnlyRunOnThisMachineSaysNothingToPassThrough) {
+  CommonOptions options;  // defaults: /sys, /dev
+  auto report = BuildInspectReport(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->functions_size(), 0);
+  EXPECT_TRUE(report->ready());
+  EXPECT_THAT(report->summary(), HasSubstr("nothing to pass through"));
+}
+
+}  // namespace
+}  // namespace vfio_agent::cli

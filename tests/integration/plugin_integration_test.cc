@@ -1,0 +1,286 @@
+// Issue 4's "Done when" list, against sysfs-sim (FUSE) and the kubelet simulator.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "plugin_harness.h"
+
+namespace vfio_agent::plugin::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+
+kubeletsim::ResourceState State(kubeletsim::KubeletSim& kubelet, const std::string& resource) {
+  auto resources = kubelet.Resources();
+  auto it = resources.find(resource);
+  return it == resources.end() ? kubeletsim::ResourceState{} : it->second;
+}
+
+// Time from the kubelet listening on kubelet.sock to our Register arriving, for the last start.
+milliseconds RegisterDelay(kubeletsim::KubeletSim& kubelet, const std::string& resource) {
+  std::optional<std::chrono::steady_clock::time_point> listen;
+  std::optional<std::chrono::steady_clock::time_point> registered;
+  for (const kubeletsim::Event& e : kubelet.Events()) {
+    if (e.kind == "listen" && e.detail == kubelet.kubelet_socket().string()) {
+      listen = e.at;
+      registered.reset();
+    }
+    if (e.kind == "register" && e.resource == resource && listen && !registered) registered = e.at;
+  }
+  if (!listen || !registered) return milliseconds::max();
+  return std::chrono::duration_cast<milliseconds>(*registered - *listen);
+}
+
+class PluginIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/fuse";
+  }
+  void Boot(const std::string& node_file, const std::vector<std::string>& vfio = {}) {
+    auto node = Node::Create(node_file);
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = *std::move(node);
+    ASSERT_TRUE(node_->BindToVfio(vfio).ok());
+  }
+  std::unique_ptr<Node> node_;
+};
+
+TEST_F(PluginIntegrationTest, RegistersWhenTheKubeletStartsLater) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartAgent().ok());
+  std::this_thread::sleep_for(milliseconds(200));  // the agent now waits for kubelet.sock
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_LT(RegisterDelay(node_->kubelet(), kH200), milliseconds(50));
+  const auto state = State(node_->kubelet(), kH200);
+  EXPECT_EQ(state.registrations, 1);
+  EXPECT_TRUE(state.options.get_preferred_allocation_available());
+  EXPECT_FALSE(state.options.pre_start_required());
+  EXPECT_EQ(state.endpoint, (node_->kubelet_dir() / "kubevirt-GH100_H200_SXM_141GB.sock").string());
+  EXPECT_THAT(state.topology.at("0000:18:00.0"), ElementsAre(0));
+  EXPECT_THAT(state.topology.at("0000:db:00.0"), ElementsAre(1));
+  EXPECT_THAT(node_->kubelet().DescribeNode(), HasSubstr("nvidia.com/GH100_H200_SXM_141GB:  8"));
+}
+
+TEST_F(PluginIntegrationTest, RegistersWithARunningKubelet) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(State(node_->kubelet(), kH200).duplicate_ids, 0);
+  EXPECT_EQ(State(node_->kubelet(), kH200).identical_repeats, 0);
+}
+
+TEST_F(PluginIntegrationTest, FiftyKubeletRestartsLoseNoDevice) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet({.kubelet_sock_delay = milliseconds(5)}).ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  milliseconds worst{0};
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(node_->kubelet().Restart().ok());
+    ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8)) << "restart " << i;
+    worst = std::max(worst, RegisterDelay(node_->kubelet(), kH200));
+  }
+  EXPECT_LT(worst, milliseconds(50)) << "slowest registration after kubelet.sock appeared";
+  EXPECT_EQ(State(node_->kubelet(), kH200).identical_repeats, 0);
+}
+
+TEST_F(PluginIntegrationTest, StreamCutWhileKubeletStaysReRegisters) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());
+  ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = k.Resources().at(kH200);
+        return r.registrations >= 2 && r.registered && r.allocatable == 8;
+      },
+      std::chrono::seconds(5)));
+}
+
+TEST_F(PluginIntegrationTest, LateBoundGpuAppears) {
+  Boot("hgx-h200-8gpu.json", {kH200Gpus.begin(), kH200Gpus.end() - 1});
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 7, 7));
+  ASSERT_TRUE(node_->BindToVfio({kH200Gpus.back()}).ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+}
+
+TEST_F(PluginIntegrationTest, HotRemovedGpuDisappears) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(node_->Control("remove 0000:3b:00.0").ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 7, 7));
+  auto state = State(node_->kubelet(), kH200);
+  EXPECT_THAT(state.healthy, ::testing::Not(::testing::Contains("0000:3b:00.0")));
+  EXPECT_THAT(state.unhealthy, ::testing::IsEmpty());
+}
+
+TEST_F(PluginIntegrationTest, UnboundGpuTurnsUnhealthyThenHealthyAfterRebind) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(node_->Control("set-driver 0000:9a:00.0 none").ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 7));
+  EXPECT_THAT(State(node_->kubelet(), kH200).unhealthy, ElementsAre("0000:9a:00.0"));
+  ASSERT_TRUE(node_->Control("set-driver 0000:9a:00.0 vfio-pci").ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  // Config space reading 0xffff (device fell off the bus) is caught by the periodic rescan.
+  ASSERT_TRUE(node_->Control("dead 0000:9a:00.0 1").ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 7));
+  ASSERT_TRUE(node_->Control("dead 0000:9a:00.0 0").ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+}
+
+TEST_F(PluginIntegrationTest, AllocatesOneAndEightGpusAsThePeerDoes) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+
+  auto one = node_->kubelet().Admit({.name = "vm-1", .limits = {{kH200, 1}}});
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->devices.at(kH200).size(), 1u);
+  const std::string bdf = one->devices.at(kH200)[0];
+  const v1beta1::ContainerAllocateResponse& r1 = one->responses.at(kH200);
+  // peer-device-plugin.md 2.3 field by field; the group of each H200 is in the node file.
+  const std::map<std::string, int> group = {{"0000:18:00.0", 11}, {"0000:2a:00.0", 13}, {"0000:3b:00.0", 15},
+                                            {"0000:5d:00.0", 17}, {"0000:9a:00.0", 19}, {"0000:ab:00.0", 21},
+                                            {"0000:bb:00.0", 23}, {"0000:db:00.0", 25}};
+  ASSERT_EQ(r1.envs_size(), 1);
+  EXPECT_EQ(r1.envs().at("PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB"), bdf);
+  const bool iommufd = std::filesystem::exists(node_->options.paths.dev_root / "iommu");
+  std::vector<std::string> paths;
+  for (const auto& spec : r1.devices()) {
+    EXPECT_EQ(spec.container_path(), spec.host_path());
+    EXPECT_EQ(spec.permissions(), "mrw");
+    paths.push_back(spec.host_path());
+  }
+  const std::string group_node = "/dev/vfio/" + std::to_string(group.at(bdf));
+  if (iommufd) {
+    ASSERT_EQ(paths.size(), 4u);
+    EXPECT_THAT(paths[0], ::testing::StartsWith("/dev/vfio/devices/vfio"));
+    EXPECT_THAT(std::vector<std::string>(paths.begin() + 1, paths.end()),
+                ElementsAre("/dev/vfio/vfio", group_node, "/dev/iommu"));
+  } else {
+    EXPECT_THAT(paths, ElementsAre("/dev/vfio/vfio", group_node));
+  }
+  EXPECT_EQ(r1.mounts_size(), 0);
+  EXPECT_EQ(r1.annotations_size(), 0);
+  EXPECT_EQ(r1.cdi_devices_size(), 0);
+  node_->kubelet().Release("vm-1");
+
+  auto eight = node_->kubelet().Admit({.name = "vm-8", .limits = {{kH200, 8}}});
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  const v1beta1::ContainerAllocateResponse& r8 = eight->responses.at(kH200);
+  EXPECT_EQ(r8.envs().at("PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB"),
+            "0000:18:00.0,0000:2a:00.0,0000:3b:00.0,0000:5d:00.0,0000:9a:00.0,0000:ab:00.0,0000:bb:00.0,0000:db:00.0");
+  std::set<std::string> groups;
+  int vfio_vfio = 0;
+  for (const auto& spec : r8.devices()) {
+    if (spec.host_path() == "/dev/vfio/vfio") ++vfio_vfio;
+    if (spec.host_path().find("/devices/") == std::string::npos && spec.host_path() != "/dev/vfio/vfio" &&
+        spec.host_path() != "/dev/iommu") {
+      EXPECT_TRUE(groups.insert(spec.host_path()).second) << "duplicate " << spec.host_path();
+    }
+  }
+  EXPECT_EQ(vfio_vfio, 1);
+  EXPECT_EQ(groups.size(), 8u);
+}
+
+TEST_F(PluginIntegrationTest, RejectsUnknownAndMalformedIds) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  auto stub = node_->DialPlugin(kH200);
+  v1beta1::AllocateRequest request;
+  auto* container = request.add_container_requests();
+  container->add_devices_ids("0000:18:00.0");
+  container->add_devices_ids("0000:05:00.0");  // an NVSwitch: never a resource
+  container->add_devices_ids("GPU-1234");
+  v1beta1::AllocateResponse response;
+  grpc::ClientContext context;
+  grpc::Status status = stub->Allocate(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("0000:05:00.0"));
+  EXPECT_THAT(status.error_message(), HasSubstr("GPU-1234"));
+  EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr("0000:18:00.0")));
+}
+
+TEST_F(PluginIntegrationTest, PreferredAllocationHonoursMustIncludeAndNuma) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  auto stub = node_->DialPlugin(kH200);
+  v1beta1::PreferredAllocationRequest request;
+  auto* container = request.add_container_requests();
+  for (auto it = kH200Gpus.rbegin(); it != kH200Gpus.rend(); ++it) container->add_available_deviceids(*it);
+  container->add_must_include_deviceids("0000:ab:00.0");
+  container->set_allocation_size(4);
+  v1beta1::PreferredAllocationResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetPreferredAllocation(&context, request, &response).ok());
+  ASSERT_EQ(response.container_responses_size(), 1);
+  EXPECT_THAT(response.container_responses(0).deviceids(),
+              ElementsAre("0000:9a:00.0", "0000:ab:00.0", "0000:bb:00.0", "0000:db:00.0"));
+
+  // Through admission: a 4-GPU pod lands on one NUMA node.
+  auto pod = node_->kubelet().Admit({.name = "vm-4", .limits = {{kH200, 4}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  std::set<int64_t> nodes;
+  const auto topology = State(node_->kubelet(), kH200).topology;
+  for (const std::string& id : pod->devices.at(kH200)) nodes.insert(topology.at(id).at(0));
+  EXPECT_EQ(nodes.size(), 1u);
+}
+
+TEST_F(PluginIntegrationTest, StopDeregistersAndRemovesSockets) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  const auto socket = node_->kubelet_dir() / "kubevirt-GH100_H200_SXM_141GB.sock";
+  ASSERT_TRUE(std::filesystem::exists(socket));
+  node_->StopAgent();
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = k.Resources().at(kH200);
+        return r.capacity == 0 && r.allocatable == 0 && !r.registered;
+      },
+      std::chrono::seconds(3)));
+}
+
+TEST_F(PluginIntegrationTest, TwoResourcesOnOneNode) {
+  Boot("a10-t4-mixed.json");
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts("nvidia.com/GA102GL_A10", 2, 2));
+  ASSERT_TRUE(node_->WaitForCounts("nvidia.com/TU104GL_TESLA_T4", 2, 2));
+  EXPECT_TRUE(std::filesystem::exists(node_->kubelet_dir() / "kubevirt-GA102GL_A10.sock"));
+  EXPECT_TRUE(std::filesystem::exists(node_->kubelet_dir() / "kubevirt-TU104GL_TESLA_T4.sock"));
+  auto pod = node_->kubelet().Admit(
+      {.name = "vm", .limits = {{"nvidia.com/GA102GL_A10", 1}, {"nvidia.com/TU104GL_TESLA_T4", 2}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  EXPECT_EQ(pod->responses.at("nvidia.com/TU104GL_TESLA_T4").envs().at("PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"),
+            "0000:af:00.0,0000:d8:00.0");
+  EXPECT_EQ(pod->responses.at("nvidia.com/GA102GL_A10").envs().size(), 1u);
+}
+
+}  // namespace
+}  // namespace vfio_agent::plugin::testing

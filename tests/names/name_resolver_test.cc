@@ -1,0 +1,291 @@
+#include <filesystem>
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+
+namespace vfio_agent::names {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
+constexpr uint16_t kNvidia = 0x10de;
+
+// An in-memory pci.ids for inputs no real snapshot has (adversarial collisions, long names).
+class FakePciIds : public PciIdsDatabase {
+ public:
+  explicit FakePciIds(std::map<uint32_t, std::string> names) : names_(std::move(names)) {}
+  std::optional<std::string> DeviceName(uint16_t vendor_id, uint16_t device_id) const override {
+    auto it = names_.find(NameKey(vendor_id, device_id));
+    if (it == names_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::string source() const override { return ""; }
+
+ private:
+  std::map<uint32_t, std::string> names_;
+};
+
+std::vector<std::pair<uint16_t, uint16_t>> Nvidia(std::initializer_list<uint16_t> devices) {
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (uint16_t d : devices) ids.emplace_back(kNvidia, d);
+  return ids;
+}
+
+// What every resolution must guarantee, whatever the input.
+void ExpectRegistrable(const std::map<uint32_t, ResolvedName>& resolved) {
+  std::set<std::string> seen;
+  for (const auto& [key, r] : resolved) {
+    EXPECT_EQ(key, NameKey(r.vendor_id, r.device_id));
+    EXPECT_TRUE(ValidateExtendedResourceName(r.resource_name).ok()) << ValidateExtendedResourceName(r.resource_name);
+    EXPECT_EQ(r.resource_name, "nvidia.com/" + r.name);
+    EXPECT_TRUE(seen.insert(r.name).second) << "name " << r.name << " registered twice";
+  }
+}
+
+struct CozystackEntry {
+  uint16_t device;
+  const char* resource_name;
+};
+
+// Section 4.1 of sandbox-components.md, verbatim.
+const CozystackEntry kCozystack[] = {
+    {0x2335, "nvidia.com/GH100_H200_SXM_141GB"},         {0x2330, "nvidia.com/GH100_H100_SXM5_80GB"},
+    {0x2331, "nvidia.com/GH100_H100_PCIE"},              {0x2321, "nvidia.com/GH100_H100L_94GB"},
+    {0x26b9, "nvidia.com/AD102GL_L40S"},                 {0x26b5, "nvidia.com/AD102GL_L40"},
+    {0x27b8, "nvidia.com/AD104GL_L4"},                   {0x20b2, "nvidia.com/GA100_A100_SXM4_80GB"},
+    {0x20b0, "nvidia.com/GA100_A100_SXM4_40GB"},         {0x20b5, "nvidia.com/GA100_A100_PCIE_80GB"},
+    {0x20f1, "nvidia.com/GA100_A100_PCIE_40GB"},         {0x20b7, "nvidia.com/GA100GL_A30_PCIE"},
+    {0x2235, "nvidia.com/GA102GL_A40"},                  {0x2236, "nvidia.com/GA102GL_A10"},
+    {0x1eb8, "nvidia.com/TU104GL_TESLA_T4"},             {0x1db1, "nvidia.com/GV100GL_TESLA_V100_SXM2_16GB"},
+    {0x1db5, "nvidia.com/GV100GL_TESLA_V100_SXM2_32GB"}, {0x1db4, "nvidia.com/GV100GL_TESLA_V100_PCIE_16GB"},
+    {0x1df6, "nvidia.com/GV100GL_TESLA_V100S_PCIE_32GB"},
+};
+
+class CozystackTableTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CozystackTableTest, AllNineteenEntriesResolveAsListed) {
+  std::unique_ptr<PciIdsDatabase> db;
+  if (!GetParam().empty()) {
+    if (!std::filesystem::exists(GetParam())) GTEST_SKIP() << GetParam() << " not installed";
+    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> loaded = LoadPciIds(GetParam());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    db = *std::move(loaded);
+  }
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const auto& e : kCozystack) ids.emplace_back(kNvidia, e.device);
+  // Resolved together, as on a node holding every model: no entry may be renamed by a collision.
+  const auto together = NameResolver(db.get(), "nvidia.com", {}).Resolve(ids);
+  ASSERT_EQ(together.size(), 19u);
+  for (const auto& e : kCozystack) {
+    const ResolvedName& r = together.at(NameKey(kNvidia, e.device));
+    EXPECT_EQ(r.resource_name, e.resource_name) << std::hex << e.device;
+    EXPECT_EQ(r.source, NameSource::kPinned);
+    EXPECT_THAT(r.issue, IsEmpty());
+    // And each alone, as on a node with one model.
+    const auto alone = NameResolver(db.get(), "nvidia.com", {}).Resolve(Nvidia({e.device}));
+    EXPECT_EQ(alone.at(NameKey(kNvidia, e.device)).resource_name, e.resource_name);
+  }
+  ExpectRegistrable(together);
+}
+
+INSTANTIATE_TEST_SUITE_P(PciIdsSnapshots, CozystackTableTest,
+                         ::testing::Values("/usr/share/misc/pci.ids", (kTestdata / "pci.ids.old").string(),
+                                           (kTestdata / "pci.ids.new").string(), std::string()),
+                         [](const auto& info) {
+                           const std::string& p = info.param;
+                           if (p.empty()) return std::string("NoPciIds");
+                           if (p.find("testdata") == std::string::npos) return std::string("DebianSystem");
+                           return std::string(p.ends_with(".old") ? "OldFixture" : "NewFixture");
+                         });
+
+class NewFixtureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(kTestdata / "pci.ids.new");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+  }
+  std::map<uint32_t, ResolvedName> Resolve(std::initializer_list<uint16_t> devices,
+                                           std::vector<NameOverride> overrides = {}) {
+    auto resolved = NameResolver(db_.get(), "nvidia.com", std::move(overrides)).Resolve(Nvidia(devices));
+    ExpectRegistrable(resolved);
+    return resolved;
+  }
+  std::unique_ptr<PciIdsDatabase> db_;
+};
+
+TEST_F(NewFixtureTest, UnpinnedModelsUseThePciIdsSlug) {
+  auto r = Resolve({0x2342, 0x25b6, 0x20b3, 0x2339, 0x2324, 0x1aef});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).name, "GH100_GH200_120GB___480GB");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x25b6)).name, "GA107GL_A2___A16");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x20b3)).name, "GA100_A100SXM64GB");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2339)).name, "GH100_H100_SXM5_94GB");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2324)).name, "GH100_H800");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x1aef)).name, "GA102_HIGH_DEFINITION_AUDIO_CONTROLLER");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).source, NameSource::kPciIds);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).pci_ids_name, "GH100 [GH200 120GB / 480GB]");
+  for (const auto& [key, name] : r) EXPECT_THAT(name.issue, IsEmpty()) << name.name;
+}
+
+TEST_F(NewFixtureTest, UnknownIdFallsBackToLowerCaseHexNotAnotherVendorsName) {
+  // 233a is an Intel device and a subsystem line in the fixture, never an NVIDIA device.
+  auto r = Resolve({0x233a, 0xbeef});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x233a)).name, "233a");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x233a)).source, NameSource::kDeviceId);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x233a)).pci_ids_name, "");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xbeef)).resource_name, "nvidia.com/beef");
+}
+
+TEST_F(NewFixtureTest, TrailingUnderscoreIsTrimmedAndReported) {
+  auto r = Resolve({0x24fa});
+  const ResolvedName& n = r.at(NameKey(kNvidia, 0x24fa));
+  EXPECT_EQ(n.name, "GA104_RTX_A4500_EMBEDDED_GPU");
+  EXPECT_EQ(n.source, NameSource::kPciIds);
+  EXPECT_THAT(n.issue, AllOf(HasSubstr("GA104_RTX_A4500_EMBEDDED_GPU_"), HasSubstr("10de:24fa"),
+                             HasSubstr("start and end with")));
+}
+
+TEST_F(NewFixtureTest, OverlongNameIsCutTo63AndReported) {
+  auto r = Resolve({0x05be});
+  const ResolvedName& n = r.at(NameKey(kNvidia, 0x05be));
+  EXPECT_EQ(n.name, "NF200_PCIE_2_0_SWITCH_FOR_QUADRO_PLEX_S4___TESLA_S870___TESLA_S");
+  EXPECT_EQ(n.name.size(), 63u);
+  EXPECT_THAT(n.issue, HasSubstr("81 characters"));
+}
+
+TEST_F(NewFixtureTest, SlugSharedWithAPinnedNameGetsTheDeviceSuffix) {
+  // 20b1 and 20f1 are both "GA100 [A100 PCIe 40GB]"; Cozystack pins 20f1's name, so 20b1 moves.
+  auto r = Resolve({0x20f1, 0x20b1, 0x1db1, 0x1df5});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x20f1)).name, "GA100_A100_PCIE_40GB");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x20f1)).issue, IsEmpty());
+  const ResolvedName& moved = r.at(NameKey(kNvidia, 0x20b1));
+  EXPECT_EQ(moved.name, "GA100_A100_PCIE_40GB_20B1");
+  EXPECT_THAT(moved.issue, AllOf(HasSubstr("10de:20b1"), HasSubstr("10de:20f1"), HasSubstr("GA100_A100_PCIE_40GB_20B1")));
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x1db1)).name, "GV100GL_TESLA_V100_SXM2_16GB");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x1df5)).name, "GV100GL_TESLA_V100_SXM2_16GB_1DF5");
+}
+
+TEST_F(NewFixtureTest, CollisionOnlyAppliesToIdsPresentOnTheNode) {
+  auto r = Resolve({0x20b1});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x20b1)).name, "GA100_A100_PCIE_40GB");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x20b1)).issue, IsEmpty());
+}
+
+TEST_F(NewFixtureTest, OverrideBeatsPinnedAndSlug) {
+  auto r = Resolve({0x2335, 0x2342, 0x2236},
+                   {{kNvidia, 0x2335, "H200"}, {kNvidia, 0x2342, "GH200"}, {0x1234, 0x2236, "WRONG_VENDOR"}});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).resource_name, "nvidia.com/H200");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).source, NameSource::kOverride);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).pci_ids_name, "GH100 [H200 SXM 141GB]");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).name, "GH200");
+  // An override is per vendor:device.
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2236)).name, "GA102GL_A10");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2236)).source, NameSource::kPinned);
+}
+
+TEST_F(NewFixtureTest, LaterOverrideWins) {
+  auto r = Resolve({0x2335}, {{kNvidia, 0x2335, "FROM_FILE"}, {kNvidia, 0x2335, "FROM_FLAG"}});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).name, "FROM_FLAG");
+}
+
+TEST_F(NewFixtureTest, InvalidOverrideIsRepairedAndReported) {
+  auto r = Resolve({0x2335, 0x2236, 0x26b9},
+                   {{kNvidia, 0x2335, "my gpu!"}, {kNvidia, 0x2236, "__A10__"}, {kNvidia, 0x26b9, "[]"}});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).name, "mygpu");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x2335)).issue, AllOf(HasSubstr("override"), HasSubstr("my gpu!")));
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2236)).name, "A10");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x26b9)).name, "26b9");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x26b9)).source, NameSource::kOverride);
+}
+
+TEST_F(NewFixtureTest, OverrideTakingAPinnedNameKeepsItAndThePinnedIdMoves) {
+  auto r = Resolve({0x2236, 0x2237}, {{kNvidia, 0x2237, "GA102GL_A10"}});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2237)).name, "GA102GL_A10");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2236)).name, "GA102GL_A10_2236");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x2236)).issue, AllOf(HasSubstr("10de:2236"), HasSubstr("10de:2237")));
+}
+
+TEST_F(NewFixtureTest, TwoOverridesWithOneNameBothMove) {
+  auto r = Resolve({0x2335, 0x2330}, {{kNvidia, 0x2335, "HOPPER"}, {kNvidia, 0x2330, "HOPPER"}});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).name, "HOPPER_2335");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2330)).name, "HOPPER_2330");
+}
+
+TEST_F(NewFixtureTest, ResultDoesNotDependOnInputOrderOrRepeats) {
+  const auto a = NameResolver(db_.get(), "nvidia.com", {}).Resolve(Nvidia({0x20b1, 0x20f1, 0x1df5, 0x1db1, 0x24fa}));
+  const auto b = NameResolver(db_.get(), "nvidia.com", {})
+                     .Resolve(Nvidia({0x24fa, 0x1db1, 0x24fa, 0x1df5, 0x20f1, 0x20b1, 0x20b1}));
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), a.size());
+  for (const auto& [key, r] : a) {
+    EXPECT_EQ(b.at(key).name, r.name);
+    EXPECT_EQ(b.at(key).issue, r.issue);
+  }
+}
+
+TEST(NameResolverTest, EqualSlugsOfTwoIdsBothGetTheirDeviceId) {
+  FakePciIds db({{NameKey(kNvidia, 0xaaa1), "GX100 [Same]"}, {NameKey(kNvidia, 0xaaa2), "GX100 [Same]"}});
+  auto r = NameResolver(&db, "nvidia.com", {}).Resolve(Nvidia({0xaaa1, 0xaaa2}));
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xaaa1)).name, "GX100_SAME_AAA1");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xaaa2)).name, "GX100_SAME_AAA2");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0xaaa1)).issue, AllOf(HasSubstr("10de:aaa1"), HasSubstr("10de:aaa2")));
+}
+
+TEST(NameResolverTest, SameDeviceIdUnderTwoVendorsGetsTheVendorToo) {
+  auto r = NameResolver(nullptr, "nvidia.com", {}).Resolve({{kNvidia, 0xabcd}, {0x1234, 0xabcd}});
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xabcd)).name, "abcd_10DE_ABCD");
+  EXPECT_EQ(r.at(NameKey(0x1234, 0xabcd)).name, "abcd_1234_ABCD");
+}
+
+TEST(NameResolverTest, SuffixOnALongNameStaysWithin63) {
+  const std::string long_name(80, 'L');
+  FakePciIds db({{NameKey(kNvidia, 0x0001), long_name}, {NameKey(kNvidia, 0x0002), long_name + " X"}});
+  auto r = NameResolver(&db, "nvidia.com", {}).Resolve(Nvidia({0x0001, 0x0002}));
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x0001)).name, std::string(58, 'L') + "_0001");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x0002)).name, std::string(58, 'L') + "_0002");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x0001)).issue, AllOf(HasSubstr("80 characters"), HasSubstr("shared")));
+}
+
+TEST(NameResolverTest, SuffixThatHitsAnotherNameIsSeparatedAgain) {
+  // 1111 and 2222 share FOO; 1111's first fix FOO_1111 is an operator's name for 3333.
+  FakePciIds db({{NameKey(kNvidia, 0x1111), "FOO"}, {NameKey(kNvidia, 0x2222), "FOO"}});
+  auto r = NameResolver(&db, "nvidia.com", {{kNvidia, 0x3333, "FOO_1111"}}).Resolve(Nvidia({0x1111, 0x2222, 0x3333}));
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x3333)).name, "FOO_1111");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2222)).name, "FOO_2222");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x1111)).name, "FOO_1111_10DE_1111");
+}
+
+TEST(NameResolverTest, HexFallbackWithoutDatabase) {
+  auto r = NameResolver(nullptr, "nvidia.com", {}).Resolve(Nvidia({0x26b5, 0x2342}));
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x26b5)).name, "AD102GL_L40");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).name, "2342");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).source, NameSource::kDeviceId);
+}
+
+TEST(NameResolverTest, PinnedTableIsNvidiaOnly) {
+  FakePciIds db({{NameKey(0x1234, 0x2335), "Other [Thing]"}});
+  auto r = NameResolver(&db, "nvidia.com", {}).Resolve({{0x1234, 0x2335}});
+  EXPECT_EQ(r.at(NameKey(0x1234, 0x2335)).name, "OTHER_THING");
+  EXPECT_EQ(r.at(NameKey(0x1234, 0x2335)).source, NameSource::kPciIds);
+}
+
+TEST(NameResolverTest, CustomDomainAndInvalidDomain) {
+  auto ok = NameResolver(nullptr, "gpu.example.io", {}).Resolve(Nvidia({0x2236}));
+  EXPECT_EQ(ok.at(NameKey(kNvidia, 0x2236)).resource_name, "gpu.example.io/GA102GL_A10");
+  EXPECT_THAT(ok.at(NameKey(kNvidia, 0x2236)).issue, IsEmpty());
+  auto bad = NameResolver(nullptr, "Bad_Domain", {}).Resolve(Nvidia({0x2236}));
+  EXPECT_THAT(bad.at(NameKey(kNvidia, 0x2236)).issue, HasSubstr("Bad_Domain"));
+}
+
+}  // namespace
+}  // namespace vfio_agent::names

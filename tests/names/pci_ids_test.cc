@@ -1,0 +1,153 @@
+#include <filesystem>
+#include <cstdlib>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+
+namespace vfio_agent::names {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
+const std::filesystem::path kDebianPciIds = "/usr/share/misc/pci.ids";
+
+std::unique_ptr<PciIdsDatabase> MustLoad(const std::filesystem::path& path) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+  EXPECT_TRUE(db.ok()) << db.status();
+  return db.ok() ? *std::move(db) : nullptr;
+}
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("va_names_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path Write(const std::string& name, const std::string& content) {
+    std::ofstream(dir_ / name) << content;
+    return dir_ / name;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST(LoadPciIdsTest, LooksUpDeviceNamesUnderTheVendor) {
+  auto db = MustLoad(kTestdata / "pci.ids.new");
+  ASSERT_NE(db, nullptr);
+  EXPECT_EQ(db->source(), (kTestdata / "pci.ids.new").string());
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2335), Optional(std::string("GH100 [H200 SXM 141GB]")));
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2342), Optional(std::string("GH100 [GH200 120GB / 480GB]")));
+  EXPECT_THAT(db->DeviceName(0x1234, 0x2335), Optional(std::string("Other Vendor Accelerator With Id 2335")));
+  EXPECT_THAT(db->DeviceName(0x8086, 0x2335), Optional(std::string("DH89xxCC USB2 Enhanced Host Controller #1")));
+}
+
+TEST(LoadPciIdsTest, NeverMatchesAnotherVendorOrASubsystemLine) {
+  auto db = MustLoad(kTestdata / "pci.ids.new");
+  ASSERT_NE(db, nullptr);
+  // 10de:233a appears only as a subsystem line under 10de:2236 and as an Intel device.
+  EXPECT_EQ(db->DeviceName(0x10de, 0x233a), std::nullopt);
+  EXPECT_THAT(db->DeviceName(0x8086, 0x233a), Optional(std::string("Intel Device With Id 233a")));
+  // 10de:12a2 and 10de:1482 are subsystem ids only.
+  EXPECT_EQ(db->DeviceName(0x10de, 0x12a2), std::nullopt);
+  EXPECT_EQ(db->DeviceName(0x10de, 0x1482), std::nullopt);
+  EXPECT_EQ(db->DeviceName(0x10de, 0xffff), std::nullopt);
+  EXPECT_EQ(db->DeviceName(0xabcd, 0x2335), std::nullopt);
+}
+
+TEST(LoadPciIdsTest, DebianSnapshotLacksH200AndKeepsIntelsId) {
+  if (!std::filesystem::exists(kDebianPciIds)) GTEST_SKIP() << kDebianPciIds << " not installed (package pci.ids)";
+  auto db = MustLoad(kDebianPciIds);
+  ASSERT_NE(db, nullptr);
+  // Debian 12 (2023.04.10): 2335 exists only under Intel, 26b9 not at all, 2330 without the space.
+  EXPECT_EQ(db->DeviceName(0x10de, 0x2335), std::nullopt);
+  EXPECT_TRUE(db->DeviceName(0x8086, 0x2335).has_value());
+  EXPECT_EQ(db->DeviceName(0x10de, 0x26b9), std::nullopt);
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2330), Optional(std::string("GH100[H100 SXM5 80GB]")));
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2236), Optional(std::string("GA102GL [A10]")));
+}
+
+TEST(LoadPciIdsTest, EmptyPathPicksAUsualLocation) {
+  const auto locations = DefaultPciIdsLocations();
+  ASSERT_FALSE(locations.empty());
+  EXPECT_EQ(locations.front(), std::filesystem::path("/usr/share/misc/pci.ids"));
+  bool any = false;
+  for (const auto& location : locations) any = any || std::filesystem::exists(location);
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds("");
+  if (!any) {
+    EXPECT_EQ(db.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(db.status().message(), HasSubstr("/usr/share/misc/pci.ids"));
+    return;
+  }
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_TRUE(std::filesystem::exists((*db)->source()));
+}
+
+using LoadPciIdsErrorTest = TempDir;
+
+TEST_F(LoadPciIdsErrorTest, MissingFileIsNotFoundWithThePath) {
+  const std::filesystem::path missing = dir_ / "no-such.ids";
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(missing);
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(db.status().message(), HasSubstr(missing.string()));
+}
+
+TEST_F(LoadPciIdsErrorTest, DirectoryIsRejected) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(dir_);
+  EXPECT_FALSE(db.ok());
+  EXPECT_THAT(db.status().message(), HasSubstr(dir_.string()));
+}
+
+TEST_F(LoadPciIdsErrorTest, MalformedFileNamesPathAndLineInsteadOfExiting) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(kTestdata / "pci.ids.malformed");
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(db.status().message(), HasSubstr("pci.ids.malformed"));
+  EXPECT_THAT(db.status().message(), HasSubstr("line 3"));
+}
+
+TEST_F(LoadPciIdsErrorTest, ErrorLineCountsTheSubsystemLinesSkippedForSpeed) {
+  auto path = Write("late.ids", "10de  NVIDIA\n\t2236  A10\n\t\t10de 1482  A\n\t\t10de 1483  B\nzzzz  broken\n");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(db.status().message(), HasSubstr("line 5"));
+  EXPECT_THAT(db.status().message(), HasSubstr(path.string()));
+}
+
+TEST_F(LoadPciIdsErrorTest, GzipFileIsReadByLibpci) {
+  const std::filesystem::path gz = dir_ / "pci.ids.gz";
+  const std::string command = "gzip -c '" + (kTestdata / "pci.ids.new").string() + "' > '" + gz.string() + "'";
+  if (std::system(command.c_str()) != 0) GTEST_SKIP() << "gzip not available";
+  auto db = MustLoad(gz);
+  ASSERT_NE(db, nullptr);
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2335), Optional(std::string("GH100 [H200 SXM 141GB]")));
+  EXPECT_EQ(db->DeviceName(0x10de, 0x233a), std::nullopt);
+}
+
+TEST_F(LoadPciIdsErrorTest, DuplicateEntryIsAnError) {
+  auto path = Write("dup.ids", "10de  NVIDIA\n\t2236  A\n\t2236  B\n");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(db.status().message(), HasSubstr("Duplicate entry"));
+}
+
+TEST_F(LoadPciIdsErrorTest, FileWithoutEntriesIsAnError) {
+  auto path = Write("empty.ids", "# nothing here\n");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(db.status().message(), HasSubstr("no entries"));
+}
+
+TEST_F(LoadPciIdsErrorTest, ALoadErrorLeavesLaterLoadsWorking) {
+  EXPECT_FALSE(LoadPciIds(kTestdata / "pci.ids.malformed").ok());
+  auto db = MustLoad(kTestdata / "pci.ids.old");
+  ASSERT_NE(db, nullptr);
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2321), Optional(std::string("GH100")));
+}
+
+}  // namespace
+}  // namespace vfio_agent::names

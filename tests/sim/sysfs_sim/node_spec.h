@@ -1,0 +1,56 @@
+// The node description (proto/sim/v1/node.proto) parsed, checked and normalised into plain values.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vfio_agent::sim {
+
+struct DeviceSpec {
+  std::string bdf;
+  uint16_t vendor = 0;
+  uint16_t device = 0;
+  uint16_t subsystem_vendor = 0;
+  uint16_t subsystem_device = 0;
+  uint32_t class_code = 0;
+  uint8_t header_type = 0;
+  uint8_t revision = 0xa1;
+  int numa_node = -1;
+  int iommu_group = -1;
+  std::string driver;
+  std::string default_driver;
+  std::string parent;
+  std::string physfn;
+  std::vector<std::string> consumers;
+  int unbind_delay_ms = 0;
+  int bind_errno = 0;
+  bool dead = false;
+  bool removed = false;
+
+  bool IsBridge() const { return (header_type & 0x7f) == 1; }
+};
+
+struct NodeSpec {
+  std::string description;
+  bool iommu = false;
+  std::vector<std::string> drivers;
+  std::vector<DeviceSpec> devices;  // parents before children
+};
+
+absl::StatusOr<NodeSpec> ParseNode(absl::string_view json, absl::string_view origin);
+absl::StatusOr<NodeSpec> LoadNode(const std::filesystem::path& file);
+
+// "EBUSY" <-> 16; "0" is 0. Only the errnos a driver probe plausibly returns.
+std::optional<int> ErrnoFromName(absl::string_view name);
+std::string ErrnoName(int err);
+
+// "0000:3b:00.0" shape check (hex digits, separators).
+bool IsValidBdf(absl::string_view bdf);
+
+}  // namespace vfio_agent::sim

@@ -1,0 +1,234 @@
+#include "tree.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace vfio_agent::sim {
+namespace {
+
+std::string Parent(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+class Builder {
+ public:
+  Builder() { tree_["/"] = Entry{}; }
+
+  void Dir(const std::string& path) {
+    if (tree_.count(path)) return;
+    Dir(Parent(path));
+    Insert(path, Entry{});
+  }
+  void File(const std::string& path, std::string content, uint32_t mode, Attr attr = Attr::kNone,
+            std::string key = "") {
+    Entry e;
+    e.type = Entry::Type::kFile;
+    e.mode = mode;
+    e.content = std::move(content);
+    e.attr = attr;
+    e.key = std::move(key);
+    Add(path, std::move(e));
+  }
+  void Link(const std::string& path, const std::string& target) {
+    Entry e;
+    e.type = Entry::Type::kLink;
+    e.mode = 0777;
+    e.content = RelativeLink(Parent(path), target);
+    Add(path, std::move(e));
+  }
+  void Add(const std::string& path, Entry e) {
+    Dir(Parent(path));
+    Insert(path, std::move(e));
+  }
+  std::shared_ptr<const Tree> Finish() {
+    for (auto& [path, e] : tree_) std::sort(e.children.begin(), e.children.end());
+    return std::make_shared<const Tree>(std::move(tree_));
+  }
+
+ private:
+  void Insert(const std::string& path, Entry e) {
+    auto [it, inserted] = tree_.insert_or_assign(path, std::move(e));
+    if (inserted && path != "/") tree_[Parent(path)].children.push_back(path.substr(path.rfind('/') + 1));
+  }
+  Tree tree_;
+};
+
+std::string Hex16(uint16_t v) { return absl::StrFormat("0x%04x\n", v); }
+
+std::string DevicePath(const KernelState& state, const DeviceState& dev) {
+  std::vector<std::string> chain{dev.spec.bdf};
+  for (const DeviceState* p = &dev; !p->spec.parent.empty();) {
+    p = state.Find(p->spec.parent);
+    chain.push_back(p->spec.bdf);
+  }
+  std::reverse(chain.begin(), chain.end());
+  return absl::StrCat("/devices/pci", chain.front().substr(0, 7), "/", absl::StrJoin(chain, "/"));
+}
+
+std::string Modalias(const DeviceSpec& s) {
+  return absl::StrFormat("pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X", s.vendor, s.device, s.subsystem_vendor,
+                         s.subsystem_device, s.class_code >> 16, (s.class_code >> 8) & 0xff, s.class_code & 0xff);
+}
+
+std::string Uevent(const DeviceState& dev) {
+  const DeviceSpec& s = dev.spec;
+  std::string out = dev.driver.empty() ? "" : absl::StrCat("DRIVER=", dev.driver, "\n");
+  absl::StrAppendFormat(&out, "PCI_CLASS=%X\nPCI_ID=%04X:%04X\nPCI_SUBSYS_ID=%04X:%04X\nPCI_SLOT_NAME=%s\nMODALIAS=%s\n",
+                        s.class_code, s.vendor, s.device, s.subsystem_vendor, s.subsystem_device, s.bdf, Modalias(s));
+  return out;
+}
+
+std::string ModuleName(absl::string_view driver) {
+  std::string name(driver);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+// Built into every distribution kernel: no /sys/module entry to show.
+bool IsBuiltin(absl::string_view driver) { return driver == "pcieport"; }
+
+void AddDevice(Builder& b, const KernelState& state, const DeviceState& dev) {
+  const DeviceSpec& s = dev.spec;
+  const std::string dir = DevicePath(state, dev);
+  b.Dir(dir);
+  b.File(dir + "/vendor", Hex16(s.vendor), 0444);
+  b.File(dir + "/device", Hex16(s.device), 0444);
+  b.File(dir + "/subsystem_vendor", Hex16(s.subsystem_vendor), 0444);
+  b.File(dir + "/subsystem_device", Hex16(s.subsystem_device), 0444);
+  b.File(dir + "/class", absl::StrFormat("0x%06x\n", s.class_code), 0444);
+  b.File(dir + "/revision", absl::StrFormat("0x%02x\n", s.revision), 0444);
+  b.File(dir + "/numa_node", absl::StrCat(s.numa_node, "\n"), 0644);
+  b.File(dir + "/config", ConfigSpace(state, dev), 0644);
+  b.File(dir + "/modalias", Modalias(s) + "\n", 0444);
+  b.File(dir + "/uevent", Uevent(dev), 0644);
+  b.File(dir + "/driver_override", dev.driver_override.value_or("(null)") + "\n", 0644, Attr::kDriverOverride, s.bdf);
+  b.File(dir + "/remove", "", 0200, Attr::kRemove, s.bdf);
+  b.File(dir + "/reset", "", 0200, Attr::kReset, s.bdf);
+  b.Link(dir + "/subsystem", "/bus/pci");
+  if (!dev.driver.empty()) b.Link(dir + "/driver", "/bus/pci/drivers/" + dev.driver);
+  if (state.iommu && s.iommu_group >= 0) {
+    const std::string group = absl::StrCat("/kernel/iommu_groups/", s.iommu_group);
+    b.Link(dir + "/iommu_group", group);
+    b.Link(dir + "/iommu", "/devices/virtual/iommu/dmar0");
+    b.File(group + "/type", "DMA\n", 0644);
+    b.Link(group + "/devices/" + s.bdf, dir);
+  }
+  if (dev.vfio_index >= 0) {
+    b.File(absl::StrCat(dir, "/vfio-dev/vfio", dev.vfio_index, "/dev"), absl::StrCat("511:", dev.vfio_index, "\n"), 0444);
+  }
+  if (!s.physfn.empty()) {
+    if (const DeviceState* pf = state.Find(s.physfn); pf && pf->present) b.Link(dir + "/physfn", DevicePath(state, *pf));
+  }
+  int vf_number = 0;
+  for (const auto& vf : state.devices) {
+    if (vf.spec.physfn != s.bdf) continue;
+    if (vf.present) b.Link(absl::StrCat(dir, "/virtfn", vf_number), DevicePath(state, vf));
+    ++vf_number;
+  }
+  for (const auto& consumer_bdf : s.consumers) {
+    const DeviceState* consumer = state.Find(consumer_bdf);
+    if (!consumer || !consumer->present) continue;
+    const std::string consumer_dir = DevicePath(state, *consumer);
+    const std::string link = absl::StrCat("/devices/virtual/devlink/pci:", s.bdf, "--pci:", consumer_bdf);
+    b.Link(absl::StrCat(link, "/supplier"), dir);
+    b.Link(absl::StrCat(link, "/consumer"), consumer_dir);
+    b.File(absl::StrCat(link, "/status"), "available\n", 0444);
+    b.Link(absl::StrCat(dir, "/consumer:pci:", consumer_bdf), link);
+    b.Link(absl::StrCat(consumer_dir, "/supplier:pci:", s.bdf), link);
+  }
+  b.Link("/bus/pci/devices/" + s.bdf, dir);
+  if (!dev.driver.empty()) b.Link(absl::StrCat("/bus/pci/drivers/", dev.driver, "/", s.bdf), dir);
+}
+
+}  // namespace
+
+std::string RelativeLink(const std::string& from_dir, const std::string& to) {
+  std::vector<absl::string_view> from = absl::StrSplit(from_dir, '/', absl::SkipEmpty());
+  std::vector<absl::string_view> target = absl::StrSplit(to, '/', absl::SkipEmpty());
+  size_t common = 0;
+  while (common < from.size() && common < target.size() && from[common] == target[common]) ++common;
+  std::vector<absl::string_view> parts(from.size() - common, "..");
+  parts.insert(parts.end(), target.begin() + static_cast<std::ptrdiff_t>(common), target.end());
+  return absl::StrJoin(parts, "/");
+}
+
+std::string ConfigSpace(const KernelState& state, const DeviceState& dev) {
+  if (dev.dead) return std::string(4096, '\xff');
+  const DeviceSpec& s = dev.spec;
+  std::string c(4096, '\0');
+  auto put16 = [&c](size_t at, uint16_t v) {
+    c[at] = static_cast<char>(v & 0xff);
+    c[at + 1] = static_cast<char>(v >> 8);
+  };
+  put16(0x00, s.vendor);
+  put16(0x02, s.device);
+  c[0x08] = static_cast<char>(s.revision);
+  c[0x09] = static_cast<char>(s.class_code & 0xff);
+  c[0x0a] = static_cast<char>((s.class_code >> 8) & 0xff);
+  c[0x0b] = static_cast<char>(s.class_code >> 16);
+  c[0x0e] = static_cast<char>(s.header_type);
+  if (s.IsBridge()) {
+    auto bus_of = [](const std::string& bdf) { return std::stoi(bdf.substr(5, 2), nullptr, 16); };
+    int own = bus_of(s.bdf), secondary = 0xff, subordinate = 0;
+    for (const auto& d : state.devices) {
+      for (const DeviceState* p = &d; !p->spec.parent.empty(); p = state.Find(p->spec.parent)) {
+        if (p->spec.parent != s.bdf) continue;
+        secondary = std::min(secondary, bus_of(d.spec.bdf));
+        subordinate = std::max(subordinate, bus_of(d.spec.bdf));
+      }
+    }
+    if (secondary == 0xff) secondary = subordinate = own + 1;
+    c[0x18] = static_cast<char>(own);
+    c[0x19] = static_cast<char>(secondary);
+    c[0x1a] = static_cast<char>(subordinate);
+  } else {
+    put16(0x2c, s.subsystem_vendor);
+    put16(0x2e, s.subsystem_device);
+  }
+  c[0x3d] = 1;  // INTA
+  return c;
+}
+
+std::shared_ptr<const Tree> BuildTree(const KernelState& state) {
+  Builder b;
+  for (const char* dir : {"/devices", "/bus/pci/devices", "/bus/pci/drivers", "/kernel/iommu_groups", "/module",
+                          "/class", "/.sim"}) {
+    b.Dir(dir);
+  }
+  b.File("/bus/pci/drivers_probe", "", 0200, Attr::kDriversProbe);
+  b.File("/bus/pci/drivers_autoprobe", "1\n", 0644);
+  b.File("/bus/pci/rescan", "", 0200, Attr::kRescan);
+  b.File("/.sim/control", "", 0200, Attr::kControl);
+  Entry log;
+  log.type = Entry::Type::kFile;
+  log.mode = 0444;
+  log.live_log = true;
+  b.Add("/.sim/log", std::move(log));
+  if (state.iommu) {
+    b.Dir("/devices/virtual/iommu/dmar0");
+    b.Link("/class/iommu/dmar0", "/devices/virtual/iommu/dmar0");
+  }
+  for (const auto& driver : state.drivers) {
+    const std::string dir = "/bus/pci/drivers/" + driver;
+    b.File(dir + "/bind", "", 0200, Attr::kBind, driver);
+    b.File(dir + "/unbind", "", 0200, Attr::kUnbind, driver);
+    b.File(dir + "/new_id", "", 0200, Attr::kNewId, driver);
+    b.File(dir + "/remove_id", "", 0200, Attr::kRemoveId, driver);
+    if (!IsBuiltin(driver)) {
+      const std::string module = "/module/" + ModuleName(driver);
+      b.File(module + "/refcnt", "0\n", 0444);
+      b.Link(dir + "/module", module);
+    }
+  }
+  for (const auto& dev : state.devices) {
+    if (dev.present) AddDevice(b, state, dev);
+  }
+  return b.Finish();
+}
+
+}  // namespace vfio_agent::sim
