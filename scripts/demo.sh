@@ -11,8 +11,8 @@ node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
 
 scripts/install-deps.sh
 modprobe fuse 2>/dev/null || true
-scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
-bin=$repo/build/release
+[ -n "${BUILD_DIR:-}" ] || scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
+bin=${BUILD_DIR:-$repo/build/release}
 agent=$bin/src/cli/vfio-gpu-agent
 sim=$bin/tests/sim/sysfs_sim/sysfs-sim
 kubelet=$bin/tests/sim/kubelet_sim/kubelet-sim
@@ -44,7 +44,7 @@ step "vfio-gpu-agent inspect"
 "$agent" inspect "${roots[@]}" || true
 
 step "vfio-gpu-agent bind"
-"$agent" bind "${roots[@]}"
+"$agent" bind "${roots[@]}" --log-level warn
 
 step "vfio-gpu-agent serve (background), kubelet simulator in $work/kubelet"
 "$agent" serve "${roots[@]}" --no-udev --rescan-interval 200 --log-level warn &

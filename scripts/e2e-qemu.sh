@@ -8,7 +8,8 @@
 #        E2E_AGENT_LOADS_VFIO=1   do not preload vfio-pci in the guest: the agent must load it (libkmod)
 #        E2E_CACHE_DIR            kernel/initramfs cache (default $XDG_CACHE_HOME/vfio-gpu-agent-e2e,
 #                                 else /var/cache/vfio-gpu-agent-e2e)
-#        E2E_TIMEOUT=240          seconds before QEMU is killed     E2E_SMP=2  E2E_MEM=1G
+#        E2E_TIMEOUT=600          seconds before QEMU is killed     E2E_SMP=2  E2E_MEM=1G
+#        E2E_GUEST_TEST           guest-side test script to run instead of scripts/e2e/guest-test.sh (debugging)
 #        E2E_LOG                  where to keep the guest console log (default $E2E_CACHE_DIR/last-run.log)
 # Installs what it needs from Debian packages (needs root then); never touches the host's /sys, /dev or /boot.
 # Exit: 0 PASS, 1 FAIL, 2 setup error.
@@ -21,9 +22,9 @@ CACHE=${E2E_CACHE_DIR:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/vfio-gpu-agent-e2e}}
 CACHE=${CACHE:-/var/cache/vfio-gpu-agent-e2e}
 SKIP_BIND=${E2E_SKIP_BIND:-0}
 AGENT_LOADS_VFIO=${E2E_AGENT_LOADS_VFIO:-0}
-TIMEOUT=${E2E_TIMEOUT:-240}
+TIMEOUT=${E2E_TIMEOUT:-600}
 LOG=${E2E_LOG:-$CACHE/last-run.log}
-PACKAGES=(qemu-system-x86 busybox-static cpio kmod gzip xz-utils gcc libc6-dev binutils)
+PACKAGES=(qemu-system-x86 busybox-static cpio kmod xz-utils gcc libc6-dev binutils)
 HOST_MODULES="virtio_pci virtio_net"          # what a booted host has loaded for the test devices
 VFIO_MODULES="vfio vfio_iommu_type1 vfio-pci"
 
@@ -109,14 +110,15 @@ prepare_kernel() {
     touch "$dir/ready"
 }
 
-cpio_gz() { (cd "$1" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -1; }
+# Uncompressed: QEMU copies the file into guest RAM at host speed, while gunzip inside a TCG guest costs seconds.
+cpio_of() { (cd "$1" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet); }
 
 # Base initramfs: busybox, the modules and the static VFIO checker. Rebuilt when any of its inputs changes.
 prepare_base() {
     local pkg=$1 kdir=$CACHE/kernel/$1 key
     key=$( (echo "$pkg"; cat "$SOURCE_ROOT/tests/e2e/vfio-check.c" "$kdir/modules.host" "$kdir/modules.vfio";
             stat -c %s-%Y /bin/busybox) | sha256sum | cut -c1-16)
-    BASE=$kdir/base-$key.cpio.gz
+    BASE=$kdir/base-$key.cpio
     [ -f "$BASE" ] && return
     say "building base initramfs"
     local root
@@ -128,8 +130,8 @@ prepare_base() {
     cp -a "$kdir/modules/lib/modules" "$root/lib/"
     cp "$kdir/modules.host" "$kdir/modules.vfio" "$root/etc/e2e/"
     gcc -static -O2 -Wall -Werror -o "$root/bin/vfio-check" "$SOURCE_ROOT/tests/e2e/vfio-check.c"
-    rm -f "$kdir"/base-*.cpio.gz
-    cpio_gz "$root" > "$BASE.tmp" && mv "$BASE.tmp" "$BASE"
+    rm -f "$kdir"/base-*.cpio*
+    cpio_of "$root" > "$BASE.tmp" && mv "$BASE.tmp" "$BASE"
     rm -rf "$root"
 }
 
@@ -139,7 +141,7 @@ prepare_overlay() {
     local root=$1 lib libs=0
     mkdir -p "$root/bin" "$root/test"
     install -m 755 "$HERE/e2e/guest-init.sh" "$root/init"
-    install -m 755 "$HERE/e2e/guest-test.sh" "$root/test/run"
+    install -m 755 "${E2E_GUEST_TEST:-$HERE/e2e/guest-test.sh}" "$root/test/run"
     if head -c 4 "$AGENT" | grep -q ELF; then
         strip --strip-debug -o "$root/bin/vfio-gpu-agent" "$AGENT"
     else
@@ -199,8 +201,8 @@ KDIR=$CACHE/kernel/$PKG
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/vfio-e2e.XXXXXX")
 trap 'rm -rf "$RUN"' EXIT
 prepare_overlay "$RUN/overlay"
-cpio_gz "$RUN/overlay" > "$RUN/overlay.cpio.gz"
-cat "$BASE" "$RUN/overlay.cpio.gz" > "$RUN/initrd"
+cpio_of "$RUN/overlay" > "$RUN/overlay.cpio"
+cat "$BASE" "$RUN/overlay.cpio" > "$RUN/initrd"
 say "kernel $(cat "$KDIR/kver") ($PKG); agent $AGENT ($AGENT_LIBS shared libs);" \
     "initramfs $(($(stat -c %s "$RUN/initrd") / 1024)) KiB (base $(($(stat -c %s "$BASE") / 1024)) KiB)"
 [ "$SKIP_BIND" = 1 ] && say "E2E_SKIP_BIND=1: self-check mode, this run is expected to FAIL"

@@ -51,6 +51,10 @@ absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::str
           absl::StrCat("loading module ", module, " from ", dir, " failed: ", std::strerror(-err)));
       break;
     }
+    if (err > 0) {  // KMOD_PROBE_APPLY_BLACKLIST: the host's modprobe configuration blacklists it
+      status = absl::FailedPreconditionError(absl::StrCat("module ", module, " is blacklisted on this host"));
+      break;
+    }
   }
   kmod_module_unref_list(list);
   return status;

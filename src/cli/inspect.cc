@@ -213,8 +213,11 @@ std::string FormatInspectText(const rpt::InspectReport& report) {
     absl::StrAppend(&text, "\nscan errors:\n");
     for (const auto& e : report.errors()) absl::StrAppend(&text, "  ", e.bdf(), ": ", e.message(), "\n");
   }
-  absl::StrAppend(&text, "\n", report.summary(), "\n", report.ready() ? "ready: every selected device can be passed through\n"
-                                                                      : "NOT ready: see the blocked devices above\n");
+  absl::StrAppend(&text, "\n", report.summary(), "\n");
+  if (report.functions_size() > 0) {
+    absl::StrAppend(&text, report.ready() ? "ready: every selected device can be passed through\n"
+                                          : "NOT ready: see the blocked devices above\n");
+  }
   return text;
 }
 

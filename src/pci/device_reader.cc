@@ -53,7 +53,7 @@ struct Presence {
 ssize_t ReadAttr(int dir_fd, const char* name, char* buf, size_t cap) {
   int fd = ::openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
-  ssize_t n;
+  ssize_t n = 0;
   do {
     n = ::read(fd, buf, cap);
   } while (n < 0 && errno == EINTR);
@@ -157,7 +157,9 @@ void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
   // config leaves header_type 0 and IsBridge falls back to the class code.
   if (presence.config && (fn->class_code >> 16) == kClassBaseBridge) {
     ssize_t n = ReadAttr(dir_fd, "config", buf, sizeof buf);
-    if (n > static_cast<ssize_t>(kHeaderTypeOffset)) fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
+    if (n > static_cast<ssize_t>(kHeaderTypeOffset)) {
+      fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
+    }
   }
   if (presence.driver) fn->driver = ReadLinkBasenameAt(dir_fd, "driver").value_or("");
   if (presence.physfn) fn->physfn = ReadLinkBasenameAt(dir_fd, "physfn");

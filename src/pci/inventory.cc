@@ -58,7 +58,7 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
   return any;
 }
 
-// Reads every device on a few threads: each read is a dozen syscalls whose latency dominates a scan.
+// Reads every device on a few threads: each device costs about two dozen syscalls, which dominate a scan.
 std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem::path& devices_dir,
                                           const std::vector<std::string>& bdfs) {
   constexpr size_t kDevicesPerThread = 256;
@@ -66,7 +66,8 @@ std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem:
   std::vector<internal::DeviceRead> reads(bdfs.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < bdfs.size();) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < bdfs.size();
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
       reads[i] = internal::ReadFunctionAt(devices_fd, devices_dir, bdfs[i]);
     }
   };
@@ -173,7 +174,8 @@ absl::StatusOr<Function> ReadFunction(const std::filesystem::path& sysfs_root, c
 
 absl::StatusOr<std::string> CanonicalBdf(std::string_view text) {
   auto invalid = [&] {
-    return absl::InvalidArgumentError(absl::StrCat("invalid PCI address \"", std::string(text), "\" (want dddd:bb:dd.f)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid PCI address \"", std::string(text), "\" (want dddd:bb:dd.f)"));
   };
   std::string_view rest = internal::TrimWhitespace(text);
   uint32_t domain = 0;

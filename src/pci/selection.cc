@@ -81,8 +81,8 @@ absl::StatusOr<std::vector<ClassPrefix>> ParseClassPrefixes(std::string_view tex
     auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value, 16);
     const bool even_width = item.size() == 2 || item.size() == 4 || item.size() == 6;
     if (!even_width || ec != std::errc() || ptr != item.data() + item.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid class prefix \"", std::string(item), "\" in \"", std::string(text), "\" (want 2, 4 or 6 hex digits)"));
+      return absl::InvalidArgumentError(absl::StrCat("invalid class prefix \"", std::string(item), "\" in \"",
+                                                     std::string(text), "\" (want 2, 4 or 6 hex digits)"));
     }
     const int bits = static_cast<int>(item.size()) * 4;
     prefixes.push_back({value << (24 - bits), bits});

@@ -1,5 +1,7 @@
 #include "plugin_harness.h"
 
+#include <optional>
+
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -53,6 +55,19 @@ bool Node::WaitForCounts(const std::string& resource, int64_t capacity, int64_t 
 std::unique_ptr<v1beta1::DevicePlugin::Stub> Node::DialPlugin(const std::string& resource) const {
   return v1beta1::DevicePlugin::NewStub(grpc::CreateChannel(
       "unix:" + (kubelet_dir_ / SocketName(resource)).string(), grpc::InsecureChannelCredentials()));
+}
+
+std::chrono::milliseconds RegisterDelay(const kubeletsim::KubeletSim& kubelet, const std::string& resource) {
+  std::optional<std::chrono::steady_clock::time_point> listen, registered;
+  for (const kubeletsim::Event& e : kubelet.Events()) {
+    if (e.kind == "listen" && e.detail == kubelet.kubelet_socket().string()) {
+      listen = e.at;
+      registered.reset();
+    }
+    if (e.kind == "register" && e.resource == resource && listen && !registered) registered = e.at;
+  }
+  if (!listen || !registered) return std::chrono::milliseconds::max();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(*registered - *listen);
 }
 
 }  // namespace vfio_agent::plugin::testing

@@ -9,8 +9,8 @@
 
 #include "absl/status/status.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
-#include "kubelet_sim/kubelet_sim.h"
-#include "sysfs_sim/sim_process.h"
+#include "kubelet_sim.h"
+#include "sim_process.h"
 #include "support/sysfs_tree.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
@@ -52,5 +52,9 @@ class Node {
   std::unique_ptr<kubeletsim::KubeletSim> kubelet_;
   std::unique_ptr<Agent> agent_;
 };
+
+// Time from the kubelet's last "listen" on kubelet.sock to the first Register of `resource` after it
+// (milliseconds::max() when there is none).
+std::chrono::milliseconds RegisterDelay(const kubeletsim::KubeletSim& kubelet, const std::string& resource);
 
 }  // namespace vfio_agent::plugin::testing

@@ -19,6 +19,7 @@ using vfio_agent::testing::FakePciDevice;
 using vfio_agent::testing::SysfsTree;
 
 constexpr int kBuses = 512;  // 8 functions each: 4,096 functions over two PCI domains
+constexpr size_t kFunctions = kBuses * 8;
 constexpr uint16_t kIntel = 0x8086;
 
 std::string Bdf(int bus, int function) {
@@ -90,7 +91,7 @@ void BM_ScanAndSelect(benchmark::State& state) {
   size_t selected = 0;
   for (auto _ : state) {
     auto inventory = Scan(*g_root);
-    if (!inventory.ok() || inventory->functions().size() != kBuses * 8 || !inventory->errors().empty()) {
+    if (!inventory.ok() || inventory->functions().size() != kFunctions || !inventory->errors().empty()) {
       state.SkipWithError("scan of the generated tree failed or was incomplete");
       return;
     }
@@ -98,7 +99,7 @@ void BM_ScanAndSelect(benchmark::State& state) {
     selected = selection.gpus.size();
     benchmark::DoNotOptimize(selection);
   }
-  state.counters["functions"] = kBuses * 8;
+  state.counters["functions"] = kFunctions;
   state.counters["gpus"] = static_cast<double>(selected);
 }
 // Scan reads devices on several threads: report wall time, and CPU time summed over all threads.
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
   // Sysfs lives in memory, and creating ~60,000 files on a busy disk can take minutes, so the tree goes
   // on a tmpfs visible to this process only when it may create a mount namespace (root); else on disk.
   const bool on_tmpfs = vfio_agent::pci::MountPrivateTmpfs(dir.path());
-  std::fprintf(stderr, "generating %d PCI functions under %s (%s)\n", vfio_agent::pci::kBuses * 8,
+  std::fprintf(stderr, "generating %d PCI functions under %s (%s)\n", static_cast<int>(vfio_agent::pci::kFunctions),
                dir.path().c_str(), on_tmpfs ? "private tmpfs" : "disk");
   {
     vfio_agent::testing::SysfsTree tree(dir.path());

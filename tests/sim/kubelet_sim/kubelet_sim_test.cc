@@ -684,12 +684,14 @@ TEST_F(KubeletSimTest, CliWaitsForDevicesAdmitsAPodAndDescribesTheNode) {
                               " --wait example.com/gpu=3 --timeout-ms 5000 --admit vm:example.com/gpu=2 --describe";
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
-  const auto give_up = Clock::now() + 5s;
-  while (!fs::exists(Sock("kubelet.sock")) && Clock::now() < give_up) std::this_thread::sleep_for(2ms);
+  // The socket file exists from bind(), a moment before listen(); the banner comes after both.
+  char banner[512] = {};
+  ASSERT_NE(fgets(banner, sizeof banner, pipe), nullptr);
+  EXPECT_EQ(std::string(banner), "kubelet-sim: listening on " + Sock("kubelet.sock").string() + "\n");
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices());
   plugin.Start();
   const grpc::Status registered = Register(Sock("kubelet.sock"), "stub-a.sock", kResource);
-  const auto [rc, output] = RunAndRead(pipe);
+  const auto [rc, output] = RunAndRead(pipe);  // the rest of the output
   ASSERT_TRUE(registered.ok()) << registered.error_message();
   EXPECT_EQ(rc, 0) << output;
   EXPECT_NE(output.find("pod vm: admitted"), std::string::npos) << output;
