@@ -33,7 +33,8 @@ absl::Status ValidateDnsSubdomain(std::string_view domain) {
     std::string_view label = domain.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
     if (label.empty() || label.front() == '-' || label.back() == '-') {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the domain \"", AsAbsl(domain), "\" is not a DNS-1123 subdomain (labels are non-empty, alphanumeric at both ends)"));
+          "the domain \"", AsAbsl(domain),
+          "\" is not a DNS-1123 subdomain (labels are non-empty, alphanumeric at both ends)"));
     }
     for (char c : label) {
       if (!IsDnsLabelChar(c)) {

@@ -165,7 +165,8 @@ TEST_F(NewFixtureTest, SlugSharedWithAPinnedNameGetsTheDeviceSuffix) {
   EXPECT_THAT(r.at(NameKey(kNvidia, 0x20f1)).issue, IsEmpty());
   const ResolvedName& moved = r.at(NameKey(kNvidia, 0x20b1));
   EXPECT_EQ(moved.name, "GA100_A100_PCIE_40GB_20B1");
-  EXPECT_THAT(moved.issue, AllOf(HasSubstr("10de:20b1"), HasSubstr("10de:20f1"), HasSubstr("GA100_A100_PCIE_40GB_20B1")));
+  EXPECT_THAT(moved.issue,
+              AllOf(HasSubstr("10de:20b1"), HasSubstr("10de:20f1"), HasSubstr("GA100_A100_PCIE_40GB_20B1")));
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x1db1)).name, "GV100GL_TESLA_V100_SXM2_16GB");
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x1df5)).name, "GV100GL_TESLA_V100_SXM2_16GB_1DF5");
 }

@@ -1,10 +1,16 @@
 #include <filesystem>
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+
+extern "C" {
+#include <pci/pci.h>
+}
 
 namespace vfio_agent::names {
 namespace {
@@ -70,6 +76,38 @@ TEST(LoadPciIdsTest, DebianSnapshotLacksH200AndKeepsIntelsId) {
   EXPECT_EQ(db->DeviceName(0x10de, 0x26b9), std::nullopt);
   EXPECT_THAT(db->DeviceName(0x10de, 0x2330), Optional(std::string("GH100[H100 SXM5 80GB]")));
   EXPECT_THAT(db->DeviceName(0x10de, 0x2236), Optional(std::string("GA102GL [A10]")));
+}
+
+// LoadPciIds hands libpci a copy without subsystem lines; every device name must stay what libpci
+// reads from the untouched file.
+TEST(LoadPciIdsTest, SkippingSubsystemLinesKeepsEveryDeviceName) {
+  if (!std::filesystem::exists(kDebianPciIds)) GTEST_SKIP() << kDebianPciIds << " not installed (package pci.ids)";
+  auto db = MustLoad(kDebianPciIds);
+  ASSERT_NE(db, nullptr);
+  pci_access* raw = pci_alloc();
+  raw->id_lookup_mode = PCI_LOOKUP_NO_HWDB;
+  pci_set_name_list_path(raw, strdup(kDebianPciIds.c_str()), 1);
+  ASSERT_EQ(pci_load_name_list(raw), 1);
+
+  std::ifstream in(kDebianPciIds);
+  std::string line;
+  int vendor = -1, devices = 0;
+  while (std::getline(in, line)) {
+    if (line.starts_with("C ")) break;  // the class section ends the vendor list
+    if (line.size() > 5 && std::isxdigit(static_cast<unsigned char>(line[0]))) {
+      vendor = std::stoi(line.substr(0, 4), nullptr, 16);
+    }
+    if (vendor < 0 || line.size() < 6 || line[0] != '\t' || line[1] == '\t' || line[1] == '#') continue;
+    const int device = std::stoi(line.substr(1, 4), nullptr, 16);
+    char buf[1024];
+    const char* expected =
+        pci_lookup_name(raw, buf, sizeof buf, PCI_LOOKUP_DEVICE | PCI_LOOKUP_NO_NUMBERS, vendor, device);
+    ASSERT_NE(expected, nullptr) << line;
+    EXPECT_EQ(db->DeviceName(vendor, device).value_or("<none>"), expected) << line;
+    ++devices;
+  }
+  pci_cleanup(raw);
+  EXPECT_GT(devices, 10000);
 }
 
 TEST(LoadPciIdsTest, EmptyPathPicksAUsualLocation) {

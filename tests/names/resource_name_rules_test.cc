@@ -31,7 +31,8 @@ INSTANTIATE_TEST_SUITE_P(
                       SlugCase{"NF200 PCIe 2.0 switch", "NF200_PCIE_2_0_SWITCH"},
                       SlugCase{"  A \t\t B  ", "A_B"},
                       // Dropped characters split whitespace runs, as in the peer (collapse before drop).
-                      SlugCase{"A ( B", "A__B"}, SlugCase{"GA104 [RTX A4500 Embedded GPU ]", "GA104_RTX_A4500_EMBEDDED_GPU_"},
+                      SlugCase{"A ( B", "A__B"},
+                      SlugCase{"GA104 [RTX A4500 Embedded GPU ]", "GA104_RTX_A4500_EMBEDDED_GPU_"},
                       SlugCase{"x_y+z,'w'", "X_YZW"}, SlugCase{"[]()", ""}, SlugCase{"", ""}));
 
 TEST(ValidateExtendedResourceNameTest, AcceptsKubeletExamples) {

@@ -29,6 +29,8 @@ class PciIdsDatabase {
 
 // Loads pci.ids through libpci. An empty path picks the first existing of the usual locations
 // (/usr/share/misc/pci.ids, /usr/share/hwdata/pci.ids, /usr/share/pci.ids, /usr/pci.ids).
+// Only the file is consulted (no udev hwdb, no DNS cache). Errors: NotFound with the path for a missing
+// file, InvalidArgument with the path and line for a malformed one (libpci would otherwise exit).
 absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem::path& path);
 
 // The search order used when no --pci-ids is given.

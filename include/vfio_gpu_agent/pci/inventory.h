@@ -57,7 +57,9 @@ struct ScanError {
 
 struct IommuGroup {
   int id = 0;
-  std::vector<std::string> members;  // BDFs, sorted
+  // BDFs, sorted. Built from each device's iommu_group link, which Scan reads before any other attribute,
+  // so a member whose attributes could not be read is still listed (and Inventory::Find returns null).
+  std::vector<std::string> members;
 };
 
 class Inventory {
@@ -81,7 +83,8 @@ class Inventory {
   bool iommu_enabled_ = false;
 };
 
-// Scans <sysfs_root>/bus/pci/devices. Fails only when that directory itself cannot be listed.
+// Scans <sysfs_root>/bus/pci/devices (on a few threads). Fails only when that directory itself cannot be
+// listed.
 absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root);
 
 // Reads one device; used by Scan and by code that re-checks a single device (binding, health).

@@ -4,6 +4,11 @@
 // health event -> ListAndWatch update seen by the kubelet (lost and recovered), kubelet start -> Register.
 #include <benchmark/benchmark.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -17,7 +22,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One simulated node for the whole run (starting FUSE per benchmark would dominate).
+// One simulated node for the whole run (starting FUSE per benchmark would dominate); main() destroys it,
+// which stops the agent, the kubelet simulator and sysfs-sim.
+std::unique_ptr<Node> shared_node;
+
 Node& SharedNode() {
   static Node* node = [] {
     spdlog::set_level(spdlog::level::warn);
@@ -26,7 +34,8 @@ Node& SharedNode() {
       fprintf(stderr, "sysfs-sim: %s\n", created.status().ToString().c_str());
       std::abort();
     }
-    Node* n = created->release();
+    shared_node = *std::move(created);
+    Node* n = shared_node.get();
     if (!n->BindToVfio(kH200Gpus).ok() || !n->StartKubelet().ok() || !n->StartAgent().ok() ||
         !n->WaitForCounts(kH200, 8, 8)) {
       fprintf(stderr, "node setup failed\n");
@@ -150,7 +159,69 @@ void BM_KubeletRestartToRegister(benchmark::State& state) {
 }
 BENCHMARK(BM_KubeletRestartToRegister)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
 
+// The CLI binary (`vfio-gpu-agent serve`), when VA_AGENT_BIN names it: process start -> Register received by
+// a kubelet simulator that is already listening, and the RSS of the process once registered.
+void BM_ProcessStartToRegister(benchmark::State& state) {
+  const char* binary = std::getenv("VA_AGENT_BIN");
+  if (binary == nullptr || !std::filesystem::exists(binary)) {
+    state.SkipWithError("set VA_AGENT_BIN=<build>/src/cli/vfio-gpu-agent");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  Node& node = SharedNode();
+  vfio_agent::testing::TempDir dir("va-bench-cli");
+  kubeletsim::KubeletSim kubelet({.dir = dir.path()});
+  if (!kubelet.Start().ok()) state.SkipWithError("kubelet sim");
+  double rss_kb = 0;
+  for (auto _ : state) {
+    const size_t events_before = kubelet.Events().size();
+    const Clock::time_point start = Clock::now();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
+                        kdir = dir.path().string();
+      ::execl(binary, binary, "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(), "--kubelet-dir",
+              kdir.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    kubelet.WaitFor(
+        [&](const kubeletsim::KubeletSim& k) {
+          auto resources = k.Resources();
+          auto it = resources.find(kH200);
+          return it != resources.end() && it->second.registered && it->second.allocatable == 8;
+        },
+        std::chrono::seconds(10));
+    double ms = -1;
+    auto events = kubelet.Events();
+    for (size_t i = events_before; i < events.size(); ++i) {
+      if (events[i].kind == "register" && events[i].resource == kH200) {
+        ms = std::chrono::duration<double, std::milli>(events[i].at - start).count();
+        break;
+      }
+    }
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) rss_kb = std::stod(line.substr(6));
+    }
+    ::kill(pid, SIGTERM);
+    int wstatus = 0;
+    ::waitpid(pid, &wstatus, 0);
+    if (ms < 0) state.SkipWithError("no Register from the CLI");
+    state.SetIterationTime(ms / 1000.0);
+  }
+  state.counters["rss_registered_kB"] = rss_kb;
+}
+BENCHMARK(BM_ProcessStartToRegister)->UseManualTime()->Iterations(10)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace vfio_agent::plugin::testing
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  vfio_agent::plugin::testing::shared_node.reset();
+  return 0;
+}

@@ -60,8 +60,10 @@ struct ResourceState {
 
 struct Event {
   std::chrono::steady_clock::time_point at;
-  // register, options, list, stream_end, allocate, preferred, restart, error; also: listen (kubelet.sock
-  // accepting; `detail` = path), sockets_deleted, disconnect, grace_expired, stop.
+  // register (stamped when the request arrives, before validation and dial-back; detail "version=V
+  // endpoint=E"), options, list (detail "devices=N healthy=H unhealthy=U[ identical_repeat][ duplicate_ids=..]"),
+  // stream_end, allocate, preferred, restart, error; also: listen (server up; detail = socket path; the file
+  // itself appears at bind(), a moment earlier), sockets_deleted, disconnect, close_stream, grace_expired, stop.
   std::string kind;
   std::string resource;
   std::string detail;

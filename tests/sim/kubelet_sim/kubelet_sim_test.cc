@@ -102,9 +102,14 @@ class StubPlugin final : public ::v1beta1::DevicePlugin::Service {
   void set_empty_allocate(bool empty) { empty_allocate_ = empty; }
 
   std::atomic<int> options_calls{0}, streams_ended{0}, preferred_calls{0};
-  std::mutex record_mu;
-  std::vector<::v1beta1::AllocateRequest> allocate_requests;
-  std::vector<::v1beta1::PreferredAllocationRequest> preferred_requests;
+  std::vector<::v1beta1::AllocateRequest> AllocateRequests() {
+    std::lock_guard lock(record_mu_);
+    return allocate_requests_;
+  }
+  std::vector<::v1beta1::PreferredAllocationRequest> PreferredRequests() {
+    std::lock_guard lock(record_mu_);
+    return preferred_requests_;
+  }
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const ::v1beta1::Empty*,
                                       ::v1beta1::DevicePluginOptions* out) override {
@@ -134,8 +139,8 @@ class StubPlugin final : public ::v1beta1::DevicePlugin::Service {
                                       ::v1beta1::PreferredAllocationResponse* out) override {
     ++preferred_calls;
     {
-      std::lock_guard lock(record_mu);
-      preferred_requests.push_back(*request);
+      std::lock_guard lock(record_mu_);
+      preferred_requests_.push_back(*request);
     }
     for (const auto& container : request->container_requests()) {
       auto* answer = out->add_container_responses();
@@ -146,8 +151,8 @@ class StubPlugin final : public ::v1beta1::DevicePlugin::Service {
   grpc::Status Allocate(grpc::ServerContext*, const ::v1beta1::AllocateRequest* request,
                         ::v1beta1::AllocateResponse* out) override {
     {
-      std::lock_guard lock(record_mu);
-      allocate_requests.push_back(*request);
+      std::lock_guard lock(record_mu_);
+      allocate_requests_.push_back(*request);
     }
     if (empty_allocate_) return grpc::Status::OK;
     for (const auto& container : request->container_requests()) {
@@ -188,6 +193,9 @@ class StubPlugin final : public ::v1beta1::DevicePlugin::Service {
   std::vector<::v1beta1::Device> devices_;
   PreferFn prefer_;
   std::atomic<bool> empty_allocate_{false};
+  std::mutex record_mu_;
+  std::vector<::v1beta1::AllocateRequest> allocate_requests_;
+  std::vector<::v1beta1::PreferredAllocationRequest> preferred_requests_;
 };
 
 grpc::Status Register(const fs::path& kubelet_sock, const std::string& endpoint, const std::string& resource,
@@ -526,7 +534,7 @@ TEST_F(KubeletSimTest, AdmissionCallsPreferredThenAllocateWithOneContainerReques
   ASSERT_TRUE(p1.ok()) << p1.status();
   ASSERT_EQ(plugin.preferred_calls.load(), 1);
   {
-    const auto& request = plugin.preferred_requests.at(0);
+    const auto request = plugin.PreferredRequests().at(0);
     ASSERT_EQ(request.container_requests_size(), 1);
     EXPECT_EQ(Sorted(request.container_requests(0).available_deviceids()), (std::vector<std::string>{"a0", "a1"}));
     EXPECT_EQ(request.container_requests(0).must_include_deviceids_size(), 0);
@@ -534,9 +542,10 @@ TEST_F(KubeletSimTest, AdmissionCallsPreferredThenAllocateWithOneContainerReques
   }
   EXPECT_EQ(p1->preferred_calls_result.at(kResource), (std::vector<std::string>{"a1"}));
   EXPECT_EQ(p1->devices.at(kResource), (std::vector<std::string>{"a1"}));
-  ASSERT_EQ(plugin.allocate_requests.size(), 1u);
-  ASSERT_EQ(plugin.allocate_requests[0].container_requests_size(), 1);
-  EXPECT_EQ(Sorted(plugin.allocate_requests[0].container_requests(0).devices_ids()), (std::vector<std::string>{"a1"}));
+  const auto allocate_requests = plugin.AllocateRequests();
+  ASSERT_EQ(allocate_requests.size(), 1u);
+  ASSERT_EQ(allocate_requests[0].container_requests_size(), 1);
+  EXPECT_EQ(Sorted(allocate_requests[0].container_requests(0).devices_ids()), (std::vector<std::string>{"a1"}));
   EXPECT_EQ(p1->responses.at(kResource).envs().at("STUB_IDS"), "a1");
   const auto events = sim.Events();
   const Event* preferred = FindEvent(events, "preferred");
@@ -576,7 +585,7 @@ TEST_F(KubeletSimTest, PreferredAnswerIsIntersectedWithCandidatesAndShortfallFil
   auto pod = sim.Admit(PodSpec{"p", {{kResource, 2}}});
   ASSERT_TRUE(pod.ok()) << pod.status();
   // No topology: the candidates are every free healthy device.
-  EXPECT_EQ(Sorted(plugin.preferred_requests.at(0).container_requests(0).available_deviceids()),
+  EXPECT_EQ(Sorted(plugin.PreferredRequests().at(0).container_requests(0).available_deviceids()),
             (std::vector<std::string>{"b0", "b1", "b2", "b3"}));
   const auto& ids = pod->devices.at(kResource);
   ASSERT_EQ(ids.size(), 2u);

@@ -23,13 +23,13 @@ struct OpenOut {
 constexpr uint32_t kFopenDirectIo = 1u << 0;
 constexpr uint32_t kFopenParallelDirectWrites = 1u << 6;
 
-struct OpenFile {
+struct OpenFile : Handle {
   std::string content;
   Attr attr = Attr::kNone;
   std::string key;
 };
 
-struct DirListing {
+struct DirListing : Handle {
   std::vector<std::pair<std::string, struct stat>> entries;
 };
 
@@ -103,15 +103,17 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   file->content = e->live_log ? Fs(req).kernel().LogText() : e->content;
   file->attr = e->attr;
   file->key = e->key;
-  OpenOut out{reinterpret_cast<uint64_t>(file.get()), kFopenDirectIo | kFopenParallelDirectWrites, 0};
-  if (fuse_reply_buf(req, reinterpret_cast<const char*>(&out), sizeof out) == 0) file.release();
+  OpenOut out{Fs(req).Adopt(std::move(file)), kFopenDirectIo | kFopenParallelDirectWrites, 0};
+  if (fuse_reply_buf(req, reinterpret_cast<const char*>(&out), sizeof out) != 0) Fs(req).Drop(out.fh);
 }
 
 void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   const auto* file = reinterpret_cast<const OpenFile*>(fi->fh);
   if (off < 0 || static_cast<size_t>(off) >= file->content.size()) return (void)fuse_reply_buf(req, nullptr, 0);
-  const size_t n = std::min(size, file->content.size() - static_cast<size_t>(off));
-  fuse_reply_buf(req, file->content.data() + off, n);
+  // Reply from a copy: once the kernel has the reply the reader may close, and RELEASE may free `file`
+  // before fuse_reply_buf() has returned.
+  const std::string chunk = file->content.substr(static_cast<size_t>(off), size);
+  fuse_reply_buf(req, chunk.data(), chunk.size());
 }
 
 void Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t, fuse_file_info* fi) {
@@ -124,7 +126,7 @@ void Write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t, fuse
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<OpenFile*>(fi->fh);
+  Fs(req).Drop(fi->fh);
   fuse_reply_err(req, 0);
 }
 
@@ -143,8 +145,8 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     const fuse_ino_t child_ino = Fs(req).Inode(child);
     listing->entries.emplace_back(name, Fs(req).Stat(snap->at(child), child_ino));
   }
-  fi->fh = reinterpret_cast<uint64_t>(listing.get());
-  if (fuse_reply_open(req, fi) == 0) listing.release();
+  fi->fh = Fs(req).Adopt(std::move(listing));
+  if (fuse_reply_open(req, fi) != 0) Fs(req).Drop(fi->fh);
 }
 
 void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
@@ -162,7 +164,7 @@ void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
 }
 
 void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<DirListing*>(fi->fh);
+  Fs(req).Drop(fi->fh);
   fuse_reply_err(req, 0);
 }
 
@@ -178,6 +180,22 @@ fuse_ino_t FuseFs::Inode(const std::string& path) {
   auto [it, inserted] = inodes_.try_emplace(path, paths_.size());
   if (inserted) paths_.push_back(path);
   return it->second;
+}
+
+uint64_t FuseFs::Adopt(std::unique_ptr<Handle> handle) {
+  const auto fh = reinterpret_cast<uint64_t>(handle.get());
+  std::lock_guard lock(mu_);
+  handles_.emplace(fh, std::move(handle));
+  return fh;
+}
+
+void FuseFs::Drop(uint64_t fh) {
+  std::unique_ptr<Handle> dropped;  // destroyed outside the lock
+  std::lock_guard lock(mu_);
+  if (auto it = handles_.find(fh); it != handles_.end()) {
+    dropped = std::move(it->second);
+    handles_.erase(it);
+  }
 }
 
 bool FuseFs::PathOf(fuse_ino_t ino, std::string& path) {

@@ -4,6 +4,7 @@
 #define FUSE_USE_VERSION 314
 #include <fuse3/fuse_lowlevel.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -12,6 +13,11 @@
 #include "kernel.h"
 
 namespace vfio_agent::sim {
+
+// Per-open state (file content snapshot, directory listing).
+struct Handle {
+  virtual ~Handle() = default;
+};
 
 class FuseFs {
  public:
@@ -26,11 +32,17 @@ class FuseFs {
   bool PathOf(fuse_ino_t ino, std::string& path);
   struct stat Stat(const Entry& entry, fuse_ino_t ino) const;
 
+  // Open handles are owned here, not by the kernel: RELEASE is asynchronous and may never arrive when
+  // the sim stops.
+  uint64_t Adopt(std::unique_ptr<Handle> handle);
+  void Drop(uint64_t fh);
+
  private:
   Kernel& kernel_;
   std::mutex mu_;
   std::unordered_map<std::string, fuse_ino_t> inodes_;
   std::vector<std::string> paths_;  // index = inode number
+  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;
   struct timespec started_{};
 };
 

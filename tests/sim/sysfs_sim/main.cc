@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -97,21 +98,32 @@ int main(int argc, char** argv) {
   for (auto& a : args_storage) args_ptrs.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(args_ptrs.size()), args_ptrs.data());
   fuse_session* se = fuse_session_new(&args, &FuseFs::Ops(), sizeof(fuse_lowlevel_ops), &fs_impl);
+  fuse_opt_free_args(&args);
   if (!se || fuse_session_mount(se, mountpoint.c_str()) != 0) {
     spdlog::error("sysfs-sim: cannot mount FUSE at {}", mountpoint.string());
     return 1;
   }
 
+  // Shutdown must not go through the filesystem: a request sent to our own mount during the loop's
+  // teardown can be read by a worker that is then cancelled, and would never be answered. The loop's
+  // main thread waits in sem_wait(), which any handled signal interrupts.
+  struct sigaction wake {};
+  wake.sa_handler = [](int) {};
+  sigaction(SIGUSR1, &wake, nullptr);
+  const pthread_t loop_thread = pthread_self();
   std::atomic<bool> stopping = false;
+  std::atomic<bool> loop_done = false;
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    if (loop_done) return;  // woken by main after an external unmount
     stopping = true;
     kernel.Shutdown();  // blocked unbinds return, so the loop can join its workers
     fuse_session_exit(se);
-    // The loop only notices the exit flag after a request: send one.
-    struct stat st {};
-    stat((mountpoint / ".sim/wake").c_str(), &st);
+    while (!loop_done) {  // repeated: the first one may land just before sem_wait()
+      pthread_kill(loop_thread, SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
 
   std::printf("READY %s\n", root_arg.c_str());
@@ -120,13 +132,11 @@ int main(int argc, char** argv) {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, 256);  // every blocked unbind holds a worker
   const int rc = fuse_session_loop_mt(se, config);
+  loop_done = true;
   fuse_loop_cfg_destroy(config);
   fuse_session_unmount(se);
   fuse_session_destroy(se);
-  if (stopping) {
-    signal_thread.join();
-  } else {
-    signal_thread.detach();  // unmounted from outside; nobody will signal
-  }
+  if (!stopping) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
   return stopping ? 0 : (rc == 0 ? 0 : 1);
 }
