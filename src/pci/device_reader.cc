@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <charconv>
 #include <optional>
+#include <iterator>
 #include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/common/fs.h"
@@ -38,6 +40,7 @@ class ScopedFd {
 // Which optional entries the device directory has, learned from one listing so that absent attributes
 // cost no failed open.
 struct Presence {
+  bool modalias = false;
   bool subsystem_vendor = false;
   bool subsystem_device = false;
   bool numa_node = false;
@@ -79,9 +82,18 @@ std::optional<int> ParseDecimal(std::string_view text) {
   return value;
 }
 
+// Names a device's paths for error messages only, so that a healthy device builds no path at all.
+struct DevicePath {
+  const std::filesystem::path& parent;
+  const std::string& bdf;
+
+  std::filesystem::path Dir() const { return parent / bdf; }
+  std::filesystem::path operator/(const char* name) const { return parent / bdf / name; }
+};
+
 // Required hex attribute no wider than `max`; a missing or malformed file is an error naming the path.
-absl::StatusOr<uint32_t> ReadRequiredHex(int dir_fd, const std::filesystem::path& dir, const char* name,
-                                         uint32_t max, std::filesystem::path* failed_path) {
+absl::StatusOr<uint32_t> ReadRequiredHex(int dir_fd, const DevicePath& dir, const char* name, uint32_t max,
+                                         std::filesystem::path* failed_path) {
   char buf[64];
   ssize_t n = ReadAttr(dir_fd, name, buf, sizeof buf);
   if (n < 0) {
@@ -117,11 +129,69 @@ std::optional<std::string> ReadLinkBasenameAt(int dir_fd, const char* name) {
   return std::string(slash == std::string_view::npos ? target : target.substr(slash + 1));
 }
 
+// Takes `tag` and exactly `digits` hex digits after it off the front of `text`.
+std::optional<uint32_t> TakeModaliasField(std::string_view* text, std::string_view tag, size_t digits) {
+  if (!text->starts_with(tag) || text->size() < tag.size() + digits) return std::nullopt;
+  const char* first = text->data() + tag.size();
+  uint32_t value = 0;
+  auto [ptr, ec] = std::from_chars(first, first + digits, value, 16);
+  if (ec != std::errc() || ptr != first + digits) return std::nullopt;
+  text->remove_prefix(tag.size() + digits);
+  return value;
+}
+
+// "pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00": the kernel prints it from the same config-space
+// values as vendor, device, subsystem_* and class, so one read replaces five. Anything else is rejected
+// and the caller reads the individual files.
+bool ParseModalias(std::string_view text, Function* fn) {
+  text = TrimWhitespace(text);
+  if (!text.starts_with("pci:")) return false;
+  text.remove_prefix(4);
+  constexpr std::pair<std::string_view, size_t> kFields[] = {{"v", 8},  {"d", 8},  {"sv", 8}, {"sd", 8},
+                                                             {"bc", 2}, {"sc", 2}, {"i", 2}};
+  uint32_t values[std::size(kFields)];
+  for (size_t i = 0; i < std::size(kFields); ++i) {
+    auto value = TakeModaliasField(&text, kFields[i].first, kFields[i].second);
+    if (!value || (i < 4 && *value > 0xffff)) return false;
+    values[i] = *value;
+  }
+  if (!text.empty()) return false;
+  fn->vendor_id = static_cast<uint16_t>(values[0]);
+  fn->device_id = static_cast<uint16_t>(values[1]);
+  fn->subsystem_vendor_id = static_cast<uint16_t>(values[2]);
+  fn->subsystem_device_id = static_cast<uint16_t>(values[3]);
+  fn->class_code = values[4] << 16 | values[5] << 8 | values[6];
+  return true;
+}
+
+bool ReadModalias(int dir_fd, Function* fn) {
+  char buf[128];
+  ssize_t n = ReadAttr(dir_fd, "modalias", buf, sizeof buf);
+  return n > 0 && ParseModalias(std::string_view(buf, static_cast<size_t>(n)), fn);
+}
+
+// The individual id files, for trees without a usable modalias. Only vendor, device and class are required.
+absl::Status ReadIdFiles(int dir_fd, const DevicePath& dir, const Presence& presence, Function* fn,
+                         std::filesystem::path* failed_path) {
+  auto vendor = ReadRequiredHex(dir_fd, dir, "vendor", 0xffff, failed_path);
+  if (!vendor.ok()) return vendor.status();
+  auto device = ReadRequiredHex(dir_fd, dir, "device", 0xffff, failed_path);
+  if (!device.ok()) return device.status();
+  auto class_code = ReadRequiredHex(dir_fd, dir, "class", 0xffffff, failed_path);
+  if (!class_code.ok()) return class_code.status();
+  fn->vendor_id = static_cast<uint16_t>(*vendor);
+  fn->device_id = static_cast<uint16_t>(*device);
+  fn->class_code = *class_code;
+  if (presence.subsystem_vendor) fn->subsystem_vendor_id = ReadOptionalId(dir_fd, "subsystem_vendor");
+  if (presence.subsystem_device) fn->subsystem_device_id = ReadOptionalId(dir_fd, "subsystem_device");
+  return absl::OkStatus();
+}
+
 // Collects the optional-entry presence and the consumer links from the device directory listing.
-absl::Status ScanEntries(int dir_fd, const std::filesystem::path& dir, Presence* presence,
-                         std::vector<std::string>* consumers) {
-  absl::Status listed = ForEachEntry(dir_fd, dir, [&](std::string_view n) {
-    if (n == "subsystem_vendor") presence->subsystem_vendor = true;
+int ScanEntries(int dir_fd, Presence* presence, std::vector<std::string>* consumers) {
+  int err = ForEachEntry(dir_fd, [&](std::string_view n) {
+    if (n == "modalias") presence->modalias = true;
+    else if (n == "subsystem_vendor") presence->subsystem_vendor = true;
     else if (n == "subsystem_device") presence->subsystem_device = true;
     else if (n == "numa_node") presence->numa_node = true;
     else if (n == "driver") presence->driver = true;
@@ -133,12 +203,10 @@ absl::Status ScanEntries(int dir_fd, const std::filesystem::path& dir, Presence*
     else if (n.starts_with(kConsumerPrefix)) consumers->emplace_back(n.substr(kConsumerPrefix.size()));
   });
   std::sort(consumers->begin(), consumers->end());
-  return listed;
+  return err;
 }
 
 void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
-  if (presence.subsystem_vendor) fn->subsystem_vendor_id = ReadOptionalId(dir_fd, "subsystem_vendor");
-  if (presence.subsystem_device) fn->subsystem_device_id = ReadOptionalId(dir_fd, "subsystem_device");
   char buf[kConfigHeaderBytes];
   if (presence.numa_node) {
     ssize_t n = ReadAttr(dir_fd, "numa_node", buf, sizeof buf);
@@ -166,16 +234,15 @@ void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
   if (presence.vfio_dev) {
     ScopedFd vfio_fd(::openat(dir_fd, "vfio-dev", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (vfio_fd.get() >= 0) {
-      absl::Status listed = ForEachEntry(vfio_fd.get(), "vfio-dev",
-                                         [&](std::string_view name) { fn->vfio_cdevs.emplace_back(name); });
-      if (!listed.ok()) fn->vfio_cdevs.clear();
+      int err = ForEachEntry(vfio_fd.get(), [&](std::string_view name) { fn->vfio_cdevs.emplace_back(name); });
+      if (err != 0) fn->vfio_cdevs.clear();
       std::sort(fn->vfio_cdevs.begin(), fn->vfio_cdevs.end());
     }
   }
 }
 
 // A group link that does not name a number means a corrupt tree; guessing could hand out a shared group.
-absl::StatusOr<std::optional<int>> ReadGroup(int dir_fd, const std::filesystem::path& dir,
+absl::StatusOr<std::optional<int>> ReadGroup(int dir_fd, const DevicePath& dir,
                                              std::filesystem::path* failed_path) {
   auto name = ReadLinkBasenameAt(dir_fd, "iommu_group");
   auto group = name ? ParseDecimal(*name) : std::nullopt;
@@ -196,16 +263,15 @@ std::string_view TrimWhitespace(std::string_view text) {
   return text.substr(first, text.find_last_not_of(kWhitespace) - first + 1);
 }
 
-absl::Status ForEachEntry(int dir_fd, const std::filesystem::path& path,
-                          absl::FunctionRef<void(std::string_view)> visit) {
+int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit) {
   alignas(dirent64) char buf[16384];
   for (;;) {
     ssize_t n = ::getdents64(dir_fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fs::ErrnoStatus(errno, "list", path);
+      return errno;
     }
-    if (n == 0) return absl::OkStatus();
+    if (n == 0) return 0;
     for (ssize_t at = 0; at < n;) {
       const auto* entry = reinterpret_cast<const dirent64*>(buf + at);
       std::string_view name = entry->d_name;
@@ -216,7 +282,7 @@ absl::Status ForEachEntry(int dir_fd, const std::filesystem::path& path,
 }
 
 DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf) {
-  const std::filesystem::path dir = parent_path / bdf;
+  const DevicePath dir{parent_path, bdf};
   DeviceRead out;
   auto fail = [&](absl::Status status) {
     out.function = std::move(status);
@@ -224,15 +290,15 @@ DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_pat
   };
   ScopedFd dir_fd(::openat(parent_fd, bdf.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0) {
-    out.failed_path = dir;
-    return fail(fs::ErrnoStatus(errno, "open", dir));
+    out.failed_path = dir.Dir();
+    return fail(fs::ErrnoStatus(errno, "open", out.failed_path));
   }
   Function& fn = *out.function;
   fn.bdf = bdf;
   Presence presence;
-  if (absl::Status listed = ScanEntries(dir_fd.get(), dir, &presence, &fn.consumers); !listed.ok()) {
-    out.failed_path = dir;
-    return fail(std::move(listed));
+  if (int err = ScanEntries(dir_fd.get(), &presence, &fn.consumers); err != 0) {
+    out.failed_path = dir.Dir();
+    return fail(fs::ErrnoStatus(err, "list", out.failed_path));
   }
   // The group comes first so that selection can still place a device whose other attributes are broken.
   if (presence.iommu_group) {
@@ -240,15 +306,10 @@ DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_pat
     if (!group.ok()) return fail(group.status());
     out.iommu_group = fn.iommu_group = *group;
   }
-  auto vendor = ReadRequiredHex(dir_fd.get(), dir, "vendor", 0xffff, &out.failed_path);
-  if (!vendor.ok()) return fail(vendor.status());
-  auto device = ReadRequiredHex(dir_fd.get(), dir, "device", 0xffff, &out.failed_path);
-  if (!device.ok()) return fail(device.status());
-  auto class_code = ReadRequiredHex(dir_fd.get(), dir, "class", 0xffffff, &out.failed_path);
-  if (!class_code.ok()) return fail(class_code.status());
-  fn.vendor_id = static_cast<uint16_t>(*vendor);
-  fn.device_id = static_cast<uint16_t>(*device);
-  fn.class_code = *class_code;
+  if (!presence.modalias || !ReadModalias(dir_fd.get(), &fn)) {
+    absl::Status ids = ReadIdFiles(dir_fd.get(), dir, presence, &fn, &out.failed_path);
+    if (!ids.ok()) return fail(std::move(ids));
+  }
   ReadOptional(dir_fd.get(), presence, &fn);
   return out;
 }

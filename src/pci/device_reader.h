@@ -1,5 +1,6 @@
 // Reads one PCI function relative to an open directory fd, so a scan of thousands of devices costs a
-// handful of openat/read/readlinkat calls per device and no path walks from the sysfs root.
+// handful of openat/read/readlinkat calls per device and no path walks from the sysfs root: one listing
+// tells which optional entries exist, and one read of `modalias` gives every id and the class.
 #pragma once
 
 #include <filesystem>
@@ -24,8 +25,8 @@ struct DeviceRead {
 DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf);
 
 // Calls `visit` for each entry of the open directory `dir_fd` except "." and ".."; does not close it.
-absl::Status ForEachEntry(int dir_fd, const std::filesystem::path& path,
-                          absl::FunctionRef<void(std::string_view)> visit);
+// Returns 0, or the errno of a failed listing (callers name the path, so healthy devices build none).
+int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit);
 
 // std::string_view without surrounding ASCII whitespace (this abseil's string_view is not std's).
 std::string_view TrimWhitespace(std::string_view text);

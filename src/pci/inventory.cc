@@ -52,9 +52,9 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
     return false;
   }
   bool any = false;
-  absl::Status listed = internal::ForEachEntry(fd, groups_dir, [&](std::string_view) { any = true; });
+  int err = internal::ForEachEntry(fd, [&](std::string_view) { any = true; });
   ::close(fd);
-  if (!listed.ok()) errors->push_back({"", groups_dir, listed});
+  if (err != 0) errors->push_back({"", groups_dir, fs::ErrnoStatus(err, "list", groups_dir)});
   return any;
 }
 
@@ -119,11 +119,10 @@ absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root) {
   int devices_fd = ::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (devices_fd < 0) return fs::ErrnoStatus(errno, "open", devices_dir);
   std::vector<std::string> names;
-  absl::Status listed =
-      internal::ForEachEntry(devices_fd, devices_dir, [&](std::string_view name) { names.emplace_back(name); });
-  if (!listed.ok()) {
+  if (int err = internal::ForEachEntry(devices_fd, [&](std::string_view name) { names.emplace_back(name); });
+      err != 0) {
     ::close(devices_fd);
-    return listed;
+    return fs::ErrnoStatus(err, "list", devices_dir);
   }
   std::sort(names.begin(), names.end());
 

@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <iterator>
+#include <string>
+
+#include "absl/strings/str_format.h"
 #include "support/sysfs_tree.h"
 
 namespace vfio_agent::pci {
@@ -252,6 +257,63 @@ TEST(MakeInventoryTest, SortsFunctionsAndDerivesGroups) {
   EXPECT_EQ(inventory.Group(6), nullptr);
   EXPECT_EQ(inventory.Find("0000:04:00.0"), nullptr);
   EXPECT_NE(inventory.Find("0000:02:00.0"), nullptr);
+}
+
+TEST_F(InventoryTest, IdsAndClassComeFromModaliasWhenItIsPresent) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .subsystem_device = 0x18be, .class_code = 0x030201});
+  // Only modalias is left to tell the ids: the scan must not need the individual files.
+  for (const char* name : {"vendor", "device", "subsystem_vendor", "subsystem_device", "class"}) {
+    std::filesystem::remove(tree_.DeviceDir("0000:3b:00.0") / name);
+  }
+  Inventory inventory = MustScan();
+  EXPECT_THAT(inventory.errors(), IsEmpty());
+  const Function* fn = inventory.Find("0000:3b:00.0");
+  ASSERT_NE(fn, nullptr);
+  EXPECT_EQ(fn->VendorDevice(), "10de:2335");
+  EXPECT_EQ(fn->subsystem_vendor_id, 0x10de);
+  EXPECT_EQ(fn->subsystem_device_id, 0x18be);
+  EXPECT_EQ(fn->class_code, 0x030201u);
+}
+
+TEST_F(InventoryTest, WithoutModaliasIdsComeFromTheIndividualFiles) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .vendor = 0x8086, .device = 0x1572, .subsystem_vendor = 0x8086,
+                   .subsystem_device = 0x0001, .class_code = 0x020000, .modalias = false});
+  Inventory inventory = MustScan();
+  EXPECT_THAT(inventory.errors(), IsEmpty());
+  const Function* fn = inventory.Find("0000:3b:00.0");
+  ASSERT_NE(fn, nullptr);
+  EXPECT_EQ(fn->VendorDevice(), "8086:1572");
+  EXPECT_EQ(fn->subsystem_vendor_id, 0x8086);
+  EXPECT_EQ(fn->subsystem_device_id, 0x0001);
+  EXPECT_EQ(fn->class_code, 0x020000u);
+}
+
+TEST_F(InventoryTest, MalformedModaliasFallsBackToTheIndividualFiles) {
+  const char* malformed[] = {
+      "",
+      "garbage\n",
+      "pci:v000010DEd00002335\n",                                  // truncated
+      "pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00x\n",  // trailing junk
+      "pci:v000110DEd00002335sv000010DEsd000018BEbc03sc02i00\n",   // vendor wider than 16 bits
+      "pci:v000010DEd0000233Gsv000010DEsd000018BEbc03sc02i00\n",   // not hex
+      "pci:i00\n",
+      "usb:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00\n",
+  };
+  int bus = 1;
+  for (const char* text : malformed) {
+    const std::string bdf = absl::StrFormat("0000:%02x:00.0", bus++);
+    tree_.AddDevice({.bdf = bdf, .vendor = 0x1234, .device = 0x5678, .class_code = 0x030000});
+    tree_.WriteAttribute(bdf, "modalias", text);
+  }
+  Inventory inventory = MustScan();
+  EXPECT_THAT(inventory.errors(), IsEmpty());
+  ASSERT_EQ(inventory.functions().size(), std::size(malformed));
+  for (size_t i = 0; i < std::size(malformed); ++i) {
+    const Function& fn = inventory.functions()[i];
+    EXPECT_EQ(fn.VendorDevice(), "1234:5678") << malformed[i];
+    EXPECT_EQ(fn.class_code, 0x030000u) << malformed[i];
+    EXPECT_EQ(fn.subsystem_device_id, 0x18be) << malformed[i];
+  }
 }
 
 TEST(CanonicalBdfTest, AcceptsAndNormalises) {

@@ -68,6 +68,18 @@ std::string ConfigHeader(const FakePciDevice& d) {
   return std::string(reinterpret_cast<const char*>(c.data()), c.size());
 }
 
+// As the kernel prints it: "pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00".
+std::string Modalias(const FakePciDevice& d) {
+  return absl::StrFormat("pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X\n", d.vendor, d.device, d.subsystem_vendor,
+                         d.subsystem_device, d.class_code >> 16, (d.class_code >> 8) & 0xff, d.class_code & 0xff);
+}
+
+// The kernel derives modalias from the same values as these files, so the two can never disagree.
+bool FeedsModalias(std::string_view attribute) {
+  return attribute == "vendor" || attribute == "device" || attribute == "subsystem_vendor" ||
+         attribute == "subsystem_device" || attribute == "class";
+}
+
 }  // namespace
 
 TempDir::TempDir(std::string_view prefix) {
@@ -126,6 +138,7 @@ void SysfsTree::AddDevice(const FakePciDevice& d) {
   WriteFile(abs / "subsystem_vendor", Hex(d.subsystem_vendor, 4));
   WriteFile(abs / "subsystem_device", Hex(d.subsystem_device, 4));
   WriteFile(abs / "class", Hex(d.class_code, 6));
+  if (d.modalias) WriteFile(abs / "modalias", Modalias(d));
   WriteFile(abs / "driver_override", d.driver_override.empty() ? "(null)\n" : d.driver_override + "\n");
   if (d.numa_node) WriteFile(abs / "numa_node", absl::StrFormat("%d\n", *d.numa_node));
   if (d.config) WriteFile(abs / "config", ConfigHeader(d));
@@ -172,10 +185,12 @@ void SysfsTree::BindDriver(const std::string& bdf, const std::string& driver) {
 void SysfsTree::WriteAttribute(const std::string& bdf, const std::string& name, std::string_view content) {
   const stdfs::path path = DeviceDir(bdf) / name;
   RemoveIfPresent(path);  // may be a symlink (driver, iommu_group) a test wants to replace with a file
+  if (FeedsModalias(name)) RemoveIfPresent(DeviceDir(bdf) / "modalias");
   WriteFile(path, content);
 }
 
 void SysfsTree::RemoveAttribute(const std::string& bdf, const std::string& name) {
+  if (FeedsModalias(name)) RemoveIfPresent(DeviceDir(bdf) / "modalias");
   RemoveIfPresent(DeviceDir(bdf) / name);
 }
 

@@ -9,6 +9,7 @@
 // Layout written (paths relative to root()):
 //   devices/pci<dddd>:<bb>/[<parent BDF>/]<BDF>/   real device directory with the attribute files
 //       vendor device subsystem_vendor subsystem_device ("0x10de\n"), class ("0x030200\n"),
+//       modalias ("pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00\n"),
 //       numa_node ("-1\n"), driver_override ("(null)\n"), config (64 bytes: ids, class, header type),
 //       driver -> bus/pci/drivers/<name>, iommu_group -> kernel/iommu_groups/<n>, physfn -> <PF dir>,
 //       virtfn<N> -> <VF dir> (on the PF), consumer:pci:<BDF> -> devices/virtual/devlink/pci:<sup>--pci:<con>,
@@ -62,6 +63,7 @@ struct FakePciDevice {
   std::vector<std::string> consumers{};   // device-link consumers: GPU -> its HDA/USB/UCSI functions
   std::vector<std::string> vfio_cdevs{};  // "vfio0", ... under vfio-dev/
   bool config = true;                   // false: no config file
+  bool modalias = true;                 // false: no modalias file (ids only in vendor, device, ...)
 };
 
 class SysfsTree {
@@ -77,6 +79,8 @@ class SysfsTree {
   // Moves the driver link and the driver's BDF link; "" leaves the device unbound.
   void BindDriver(const std::string& bdf, const std::string& driver);
   // Overwrites (or creates) an attribute file of a device, e.g. to write a malformed "vendor".
+  // Writing or removing vendor, device, subsystem_* or class also removes modalias, which the kernel
+  // derives from the same values: the tree never shows ids that disagree.
   void WriteAttribute(const std::string& bdf, const std::string& name, std::string_view content);
   void RemoveAttribute(const std::string& bdf, const std::string& name);
   // Absolute path of the device's real directory under devices/.
