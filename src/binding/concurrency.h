@@ -1,6 +1,7 @@
-// The binder's two concurrency tools. A sysfs write bounded by a deadline. The kernel may keep a write blocked indefinitely (unbind from a busy
-// nvidia device); the write then stays on its own detached thread, which owns everything it touches, and
-// the caller gets DeadlineExceeded and moves on.
+// The binder's two concurrency tools: a worker pool for IOMMU groups, and a sysfs write bounded by a
+// deadline. The kernel may keep a write blocked indefinitely (unbind from a busy nvidia device); the write
+// then stays on its own detached thread, which owns everything it touches, and the caller gets
+// DeadlineExceeded and moves on.
 #pragma once
 
 #include <cstddef>
