@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 flavour=${1:-release}
 shift || true
 case "$flavour" in
-  release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+  release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DVFIO_AGENT_STATIC=ON) ;;
   asan)    flags=(-DCMAKE_BUILD_TYPE=Debug -DVFIO_AGENT_SANITIZE=ON) ;;
   tsan)    flags=(-DCMAKE_BUILD_TYPE=Debug -DVFIO_AGENT_TSAN=ON) ;;
   *) echo "build.sh: unknown flavour $flavour (release, asan, tsan)" >&2; exit 2 ;;
