@@ -17,6 +17,7 @@
 
 #include "report/v1/bind.pb.h"
 #include "sim_process.h"
+#include "support/holding_process.h"
 #include "vfio_gpu_agent/binding/binder.h"
 #include "vfio_gpu_agent/common/fs.h"
 
@@ -30,35 +31,6 @@ using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
-
-// A real child process holding `path` open until destroyed (a VM on /dev/vfio/<g>, a CUDA app on /dev/nvidia0).
-class Holding {
- public:
-  explicit Holding(const stdfs::path& path) {
-    int ready[2];
-    EXPECT_EQ(pipe(ready), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(path.c_str(), O_RDONLY);
-      (void)!write(ready[1], fd >= 0 ? "y" : "n", 1);
-      pause();
-      _exit(0);
-    }
-    char c = 0;
-    EXPECT_EQ(read(ready[0], &c, 1), 1);
-    EXPECT_EQ(c, 'y') << "child could not open " << path;
-    close(ready[0]);
-    close(ready[1]);
-  }
-  ~Holding() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-};
 
 class BinderSimTest : public ::testing::Test {
  protected:
@@ -261,7 +233,7 @@ TEST_F(BinderSimTest, BlockedUnbindIsAbandonedAndHolderReported) {
   StartNode("hgx-h200-8gpu.json");
   const std::string stuck = "0000:3b:00.0";
   ASSERT_TRUE(sim_->Control("unbind-delay " + stuck + " -1").ok());
-  Holding cuda_app(paths_.dev_root / "nvidia0");
+  vfio_agent::testing::HoldingProcess cuda_app(paths_.dev_root / "nvidia0");
   BinderOptions options = BindOptions();
   options.write_timeout = absl::Milliseconds(400);
   const auto start = std::chrono::steady_clock::now();
@@ -343,7 +315,7 @@ TEST_F(BinderSimTest, MissingVfioDriverIsReportedWithoutTouchingDevices) {
 TEST_F(BinderSimTest, UnbindRefusesAGroupAVmHoldsUnlessForced) {
   StartNode("a10x2-nvidia.json");
   ASSERT_TRUE(MustBind(BindOptions()).ok());
-  Holding vm(paths_.VfioDir() / "33");  // 0000:3b:00.0's group
+  vfio_agent::testing::HoldingProcess vm(paths_.VfioDir() / "33");  // 0000:3b:00.0's group
   const size_t log_size = sim_->Log().size();
 
   const BindReport refused = MustUnbind(RestoreOptions());

@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "concurrency.h"
+#include "support/holding_process.h"
+#include "support/sysfs_tree.h"
 
 namespace vfio_agent::binding {
 namespace {
@@ -24,19 +26,6 @@ using ::testing::Contains;
 using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (stdfs::temp_directory_path() / "va-binding-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { stdfs::remove_all(path_); }
-  const stdfs::path& path() const { return path_; }
-
- private:
-  stdfs::path path_;
-};
 
 void WriteFile(const stdfs::path& path, const std::string& content) {
   stdfs::create_directories(path.parent_path());
@@ -52,37 +41,8 @@ void FakeProcess(const stdfs::path& proc, int pid, const std::string& comm, cons
   for (const stdfs::path& target : open) stdfs::create_symlink(target, dir / "fd" / std::to_string(fd++));
 }
 
-// A real child process holding `path` open until killed.
-class Holding {
- public:
-  explicit Holding(const stdfs::path& path) {
-    int ready[2];
-    EXPECT_EQ(pipe(ready), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(path.c_str(), O_RDONLY);
-      (void)!write(ready[1], fd >= 0 ? "y" : "n", 1);
-      pause();
-      _exit(0);
-    }
-    char c = 0;
-    EXPECT_EQ(read(ready[0], &c, 1), 1);
-    EXPECT_EQ(c, 'y');
-    close(ready[0]);
-    close(ready[1]);
-  }
-  ~Holding() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-};
-
 TEST(HoldersTest, NvidiaHoldersFromFakeProcAndModules) {
-  TempDir tmp;
+  vfio_agent::testing::TempDir tmp;
   HostPaths paths{.sysfs_root = tmp.path() / "sys", .dev_root = tmp.path() / "dev", .proc_root = tmp.path() / "proc"};
   FakeProcess(paths.proc_root, 4242, "nvidia-persiste", {paths.dev_root / "nvidiactl", paths.dev_root / "nvidia0"});
   FakeProcess(paths.proc_root, 77, "bash", {"/dev/pts/0"});
@@ -108,18 +68,18 @@ TEST(HoldersTest, NvidiaHoldersFromFakeProcAndModules) {
 }
 
 TEST(HoldersTest, VfioGroupOpenerIsARealProcess) {
-  TempDir tmp;
+  vfio_agent::testing::TempDir tmp;
   HostPaths paths{.dev_root = tmp.path() / "dev", .proc_root = "/proc"};
   WriteFile(paths.dev_root / "vfio/33", "");
   WriteFile(paths.dev_root / "vfio/77", "");
   EXPECT_THAT(VfioGroupOpeners(paths, 33), IsEmpty());
-  Holding vm(paths.dev_root / "vfio/33");
+  vfio_agent::testing::HoldingProcess vm(paths.dev_root / "vfio/33");
   EXPECT_THAT(VfioGroupOpeners(paths, 33), Contains(Field(&Holder::pid, vm.pid())));
   EXPECT_THAT(VfioGroupOpeners(paths, 77), IsEmpty());
 }
 
 TEST(ConcurrencyTest, BlockedWriteIsAbandonedAtTheDeadline) {
-  TempDir tmp;
+  vfio_agent::testing::TempDir tmp;
   const stdfs::path fifo = tmp.path() / "blocked";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);  // opening a FIFO for writing blocks until a reader comes
   const auto start = std::chrono::steady_clock::now();
@@ -138,7 +98,7 @@ TEST(ConcurrencyTest, BlockedWriteIsAbandonedAtTheDeadline) {
 }
 
 TEST(ConcurrencyTest, WriteErrorIsReturned) {
-  TempDir tmp;
+  vfio_agent::testing::TempDir tmp;
   absl::Status status = WriteWithDeadline(tmp.path() / "missing/attr", "x", absl::Seconds(1));
   EXPECT_FALSE(status.ok());
   EXPECT_FALSE(absl::IsDeadlineExceeded(status));
