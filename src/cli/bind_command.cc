@@ -10,17 +10,6 @@
 namespace vfio_agent::cli {
 namespace {
 
-std::vector<FlagSpec> BindFlagSpecs() {
-  return {
-      {"dry-run", "", "print the plan, write nothing", "off"},
-      {"device", "BDF", "bind only this function's IOMMU group", "every selected device", true},
-      {"write-timeout", "DURATION", "deadline of each sysfs write (e.g. 5s, 500ms)", "5s"},
-      {"devnode-wait", "DURATION", "how long to wait for /dev/vfio/<group> after a bind", "2s"},
-      {"parallelism", "N", "IOMMU groups handled at once (0 = all)", "0"},
-      {"kernel-release", "RELEASE", "kernel release for modules.alias and module loading", "uname -r"},
-  };
-}
-
 std::vector<FlagSpec> UnbindFlagSpecs() {
   return {
       {"device", "BDF", "give back only this function", "", true},
@@ -77,7 +66,16 @@ int Usage(std::string_view name, const absl::Status& status) {
 
 }  // namespace
 
-std::vector<FlagSpec> BindFlags() { return BindFlagSpecs(); }
+std::vector<FlagSpec> BindFlags() {
+  return {
+      {"dry-run", "", "print the plan, write nothing", "off"},
+      {"device", "BDF", "bind only this function's IOMMU group", "every selected device", true},
+      {"write-timeout", "DURATION", "deadline of each sysfs write (e.g. 5s, 500ms)", "5s"},
+      {"devnode-wait", "DURATION", "how long to wait for /dev/vfio/<group> after a bind", "2s"},
+      {"parallelism", "N", "IOMMU groups handled at once (0 = all)", "0"},
+      {"kernel-release", "RELEASE", "kernel release for modules.alias and module loading", "uname -r"},
+  };
+}
 
 absl::StatusOr<binding::BinderOptions> BinderOptionsFromFlags(const ParsedCommand& cmd) {
   binding::BinderOptions options;
@@ -106,7 +104,7 @@ int RunBind(const std::vector<std::string>& args, std::ostream& out) {
                                "Moves every selected GPU, with every NVIDIA function of its IOMMU group, to vfio-pci (or\n"
                                "the device's vfio variant driver) and verifies it. Devices already on vfio are left\n"
                                "untouched. Exit 0 when every selected device ends on its vfio driver, 1 otherwise.",
-                               BindFlagSpecs(), args, out, &cmd)) {
+                               BindFlags(), args, out, &cmd)) {
     return *exit;
   }
   auto options = BinderOptionsFromFlags(cmd);

@@ -5,9 +5,8 @@
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::cli {
-namespace {
 
-std::vector<FlagSpec> ServeFlagSpecs() {
+std::vector<FlagSpec> ServeFlags() {
   return {
       {"kubelet-socket", "PATH", "the kubelet's registration socket", "<kubelet-dir>/kubelet.sock"},
       {"rescan-interval", "MS", "safety-net rescan of sysfs, in milliseconds", "1000"},
@@ -16,8 +15,6 @@ std::vector<FlagSpec> ServeFlagSpecs() {
       {"cdi-dir", "DIR", "where CDI specs are written", "/var/run/cdi"},
   };
 }
-
-}  // namespace
 
 absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& cmd,
                                                            const names::PciIdsDatabase* db) {
@@ -41,14 +38,12 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   return options;
 }
 
-std::vector<FlagSpec> ServeFlags() { return ServeFlagSpecs(); }
-
 int RunServe(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
   if (auto exit = ParseCommand("serve",
                                "Advertises every vfio-bound GPU to the kubelet (Device Plugin API v1beta1), one resource\n"
                                "per name, and keeps the device list live. Runs until SIGTERM; never unbinds anything.",
-                               ServeFlagSpecs(), args, out, &cmd)) {
+                               ServeFlags(), args, out, &cmd)) {
     return *exit;
   }
   auto db = LoadNameDatabase(cmd.common);
