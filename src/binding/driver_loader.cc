@@ -1,5 +1,6 @@
 #include "driver_loader.h"
 
+#include <dlfcn.h>
 #include <libkmod.h>
 
 #include <cstring>
@@ -28,24 +29,63 @@ bool IsRunningKernelSysfs(const std::filesystem::path& sysfs_root) {
   return std::filesystem::equivalent(sysfs_root, "/sys", ec) && !ec;
 }
 
-absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::string& module) {
-  struct KmodCtxDeleter {
-    void operator()(kmod_ctx* ctx) const { kmod_unref(ctx); }
+// libkmod is opened only when a module must be inserted, which happens at most once per boot: linked, it
+// would map libkmod and through it libcrypto, libzstd and liblzma into every start of the agent.
+struct Kmod {
+  decltype(&kmod_new) new_context;
+  decltype(&kmod_unref) unref;
+  decltype(&kmod_module_new_from_lookup) lookup;
+  decltype(&kmod_list_next) list_next;
+  decltype(&kmod_module_get_module) get_module;
+  decltype(&kmod_module_probe_insert_module) probe_insert;
+  decltype(&kmod_module_unref) module_unref;
+  decltype(&kmod_module_unref_list) unref_list;
+};
+
+absl::StatusOr<Kmod> OpenKmod() {
+  constexpr const char* kLibrary = "libkmod.so.2";
+  // Never closed: the library stays mapped for the rest of the process, as if it had been linked.
+  void* library = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", ::dlerror()));
+  Kmod kmod{};
+  std::string missing;
+  auto resolve = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library, name));
+    if (fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
   };
+  resolve(kmod.new_context, "kmod_new");
+  resolve(kmod.unref, "kmod_unref");
+  resolve(kmod.lookup, "kmod_module_new_from_lookup");
+  resolve(kmod.list_next, "kmod_list_next");
+  resolve(kmod.get_module, "kmod_module_get_module");
+  resolve(kmod.probe_insert, "kmod_module_probe_insert_module");
+  resolve(kmod.module_unref, "kmod_module_unref");
+  resolve(kmod.unref_list, "kmod_module_unref_list");
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", kLibrary, " lacks ", missing));
+  }
+  return kmod;
+}
+
+}  // namespace
+
+absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::string& module) {
+  static const absl::StatusOr<Kmod> opened = OpenKmod();
+  if (!opened.ok()) return opened.status();
+  const Kmod& kmod = *opened;
   const std::string dir = modules_dir.string();
-  std::unique_ptr<kmod_ctx, KmodCtxDeleter> ctx(kmod_new(dir.c_str(), nullptr));
+  std::unique_ptr<kmod_ctx, decltype(kmod.unref)> ctx(kmod.new_context(dir.c_str(), nullptr), kmod.unref);
   if (!ctx) return absl::InternalError(absl::StrCat("kmod_new(", dir, ") failed"));
   kmod_list* list = nullptr;
-  int err = kmod_module_new_from_lookup(ctx.get(), module.c_str(), &list);
+  int err = kmod.lookup(ctx.get(), module.c_str(), &list);
   if (err < 0 || list == nullptr) {
     return absl::NotFoundError(absl::StrCat("module ", module, " not found under ", dir));
   }
   absl::Status status;
-  kmod_list* item = nullptr;
-  kmod_list_foreach(item, list) {
-    kmod_module* mod = kmod_module_get_module(item);
-    err = kmod_module_probe_insert_module(mod, KMOD_PROBE_APPLY_BLACKLIST, nullptr, nullptr, nullptr, nullptr);
-    kmod_module_unref(mod);
+  for (kmod_list* item = list; item != nullptr; item = kmod.list_next(list, item)) {
+    kmod_module* mod = kmod.get_module(item);
+    err = kmod.probe_insert(mod, KMOD_PROBE_APPLY_BLACKLIST, nullptr, nullptr, nullptr, nullptr);
+    kmod.module_unref(mod);
     if (err < 0) {
       status = absl::FailedPreconditionError(
           absl::StrCat("loading module ", module, " from ", dir, " failed: ", std::strerror(-err)));
@@ -56,11 +96,9 @@ absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::str
       break;
     }
   }
-  kmod_module_unref_list(list);
+  kmod.unref_list(list);
   return status;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> FindRegisteredDriver(const HostPaths& paths, const std::string& module) {
   absl::StatusOr<std::vector<std::string>> drivers = fs::ListDir(paths.PciDrivers());

@@ -2,6 +2,7 @@
 // and, when absent, loads its module with libkmod (no host modprobe needed).
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,6 +16,10 @@ absl::StatusOr<std::string> FindRegisteredDriver(const HostPaths& paths, const s
 // FindRegisteredDriver, loading `module` from <modules_root>/<kernel_release> first when needed. Modules
 // are only loaded when sysfs_root is the running kernel's /sys: a module loaded into this kernel cannot
 // register a driver in a simulated or copied tree. Errors say what to do on hosts that cannot load modules.
+// Inserts `module` and its dependencies from `modules_dir` (<modules_root>/<release>) into the running kernel
+// with libkmod, honouring the host's blacklist. NotFound when the module is not in that tree.
+absl::Status LoadModule(const std::filesystem::path& modules_dir, const std::string& module);
+
 absl::StatusOr<std::string> EnsureDriverRegistered(const HostPaths& paths, const std::string& kernel_release,
                                                    const std::string& module);
 
