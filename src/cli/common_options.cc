@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/fs.h"
 
 namespace vfio_agent::cli {
 
@@ -75,6 +76,14 @@ std::unique_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& opt
     return nullptr;
   }
   return *std::move(db);
+}
+
+std::unique_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options) {
+  if (!options.pci_ids.empty() && !fs::Exists(options.pci_ids)) {
+    spdlog::warn("--pci-ids {} does not exist; GPUs without a pinned or overridden name get hex device ids",
+                 options.pci_ids.string());
+  }
+  return names::LazyPciIds(options.pci_ids);
 }
 
 }  // namespace vfio_agent::cli

@@ -56,7 +56,7 @@ std::string ActionText(const rpt::Function& fn) {
 }  // namespace
 
 absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& options, const names::PciIdsDatabase* db) {
-  auto inventory = pci::Scan(options.paths.sysfs_root);
+  auto inventory = pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id});
   if (!inventory.ok()) return inventory.status();
   pci::Selection selection = pci::Select(*inventory, options.policy);
 
@@ -145,7 +145,7 @@ absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& optio
     if (name.issue.empty()) continue;
     auto* out = report.add_name_issues();
     out->set_device_id(absl::StrCat(Hex4(name.vendor_id), ":", Hex4(name.device_id)));
-    out->set_raw_name(name.pci_ids_name);
+    if (db != nullptr) out->set_raw_name(db->DeviceName(name.vendor_id, name.device_id).value_or(""));
     out->set_resource_name(name.resource_name);
     out->set_message(name.issue);
   }

@@ -24,7 +24,7 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
     std::cerr << "vfio-gpu-agent run: " << bind_options.status().message() << "\n";
     return kExitUsage;
   }
-  auto db = LoadNameDatabase(cmd.common);
+  auto db = LazyNameDatabase(cmd.common);
   auto serve_options = ServeOptionsFromFlags(cmd, db.get());
   if (!serve_options.ok()) {
     std::cerr << "vfio-gpu-agent run: " << serve_options.status().message() << "\n";

@@ -46,7 +46,7 @@ int RunServe(const std::vector<std::string>& args, std::ostream& out) {
                                ServeFlags(), args, out, &cmd)) {
     return *exit;
   }
-  auto db = LoadNameDatabase(cmd.common);
+  auto db = LazyNameDatabase(cmd.common);
   auto options = ServeOptionsFromFlags(cmd, db.get());
   if (!options.ok()) {
     std::cerr << "vfio-gpu-agent serve: " << options.status().message() << "\n";

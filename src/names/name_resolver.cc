@@ -124,8 +124,6 @@ std::map<uint32_t, ResolvedName> NameResolver::Resolve(const std::vector<std::pa
     ResolvedName& r = c.resolved;
     r.vendor_id = vendor;
     r.device_id = device;
-    if (db_ != nullptr) r.pci_ids_name = db_->DeviceName(vendor, device).value_or("");
-
     auto pinned_it = vendor == kNvidiaVendor ? pinned.find(device) : pinned.end();
     if (auto it = override_by_key.find(key); it != override_by_key.end()) {
       r.name = it->second;
@@ -133,12 +131,15 @@ std::map<uint32_t, ResolvedName> NameResolver::Resolve(const std::vector<std::pa
     } else if (pinned_it != pinned.end()) {
       r.name = pinned_it->second;
       r.source = NameSource::kPinned;
-    } else if (std::string slug = Slug(r.pci_ids_name); !slug.empty()) {
-      r.name = std::move(slug);
-      r.source = NameSource::kPciIds;
     } else {
-      r.name = LowerHex(device);
-      r.source = NameSource::kDeviceId;
+      // The only lookup: a node whose GPUs all have pinned or overridden names never needs pci.ids loaded.
+      if (db_ != nullptr) r.pci_ids_name = db_->DeviceName(vendor, device).value_or("");
+      r.name = Slug(r.pci_ids_name);
+      r.source = NameSource::kPciIds;
+      if (r.name.empty()) {
+        r.name = LowerHex(device);
+        r.source = NameSource::kDeviceId;
+      }
     }
 
     if (absl::Status valid = ValidateResourceNamePart(r.name); !valid.ok()) {

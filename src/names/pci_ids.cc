@@ -180,6 +180,38 @@ std::filesystem::path FirstExisting(const std::vector<std::filesystem::path>& ca
   return {};
 }
 
+class LazyDatabase final : public PciIdsDatabase {
+ public:
+  explicit LazyDatabase(std::filesystem::path path) : path_(std::move(path)) {}
+
+  std::optional<std::string> DeviceName(uint16_t vendor_id, uint16_t device_id) const override {
+    const PciIdsDatabase* db = Loaded();
+    return db != nullptr ? db->DeviceName(vendor_id, device_id) : std::nullopt;
+  }
+  std::string source() const override {
+    const PciIdsDatabase* db = Loaded();
+    return db != nullptr ? db->source() : "";
+  }
+
+ private:
+  const PciIdsDatabase* Loaded() const {
+    std::call_once(loaded_, [this] {
+      absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path_);
+      if (db.ok()) {
+        db_ = *std::move(db);
+      } else {
+        spdlog::warn("no pci.ids database ({}); using pinned names and hex device ids",
+                     std::string(db.status().message()));
+      }
+    });
+    return db_.get();
+  }
+
+  const std::filesystem::path path_;
+  mutable std::once_flag loaded_;
+  mutable std::unique_ptr<PciIdsDatabase> db_;
+};
+
 pci_access* NewFileOnlyAccess() {
   pci_access* access = pci_alloc();
   access->error = OnLibpciError;
@@ -254,6 +286,10 @@ absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem
     return absl::InvalidArgumentError(absl::StrCat("pci.ids ", file.string(), ": contains no entries"));
   }
   return std::unique_ptr<PciIdsDatabase>(std::make_unique<LibpciDatabase>(access, file.string()));
+}
+
+std::unique_ptr<PciIdsDatabase> LazyPciIds(std::filesystem::path path) {
+  return std::make_unique<LazyDatabase>(std::move(path));
 }
 
 }  // namespace vfio_agent::names

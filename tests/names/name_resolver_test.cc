@@ -20,20 +20,35 @@ class FakePciIds : public PciIdsDatabase {
  public:
   explicit FakePciIds(std::map<uint32_t, std::string> names) : names_(std::move(names)) {}
   std::optional<std::string> DeviceName(uint16_t vendor_id, uint16_t device_id) const override {
+    looked_up.insert(NameKey(vendor_id, device_id));
     auto it = names_.find(NameKey(vendor_id, device_id));
     if (it == names_.end()) return std::nullopt;
     return it->second;
   }
   std::string source() const override { return ""; }
 
+  mutable std::set<uint32_t> looked_up;
+
  private:
   std::map<uint32_t, std::string> names_;
 };
+
 
 std::vector<std::pair<uint16_t, uint16_t>> Nvidia(std::initializer_list<uint16_t> devices) {
   std::vector<std::pair<uint16_t, uint16_t>> ids;
   for (uint16_t d : devices) ids.emplace_back(kNvidia, d);
   return ids;
+}
+
+TEST(NameResolverTest, LooksUpPciIdsOnlyForIdsWithoutAnOverrideOrPinnedName) {
+  FakePciIds db({{NameKey(kNvidia, 0x2335), "GH100 [H200 SXM 141GB]"}, {NameKey(kNvidia, 0x2342), "GH100 [GH200]"},
+                 {NameKey(kNvidia, 0x1234), "GX [Thing]"}});
+  auto r = NameResolver(&db, "nvidia.com", {{kNvidia, 0x1234, "MINE"}}).Resolve(Nvidia({0x2335, 0x2342, 0x1234}));
+  EXPECT_EQ(db.looked_up, std::set<uint32_t>{NameKey(kNvidia, 0x2342)});
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).name, "GH100_H200_SXM_141GB");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).name, "GH100_GH200");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).pci_ids_name, "GH100 [GH200]");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x1234)).name, "MINE");
 }
 
 // What every resolution must guarantee, whatever the input.
@@ -182,7 +197,7 @@ TEST_F(NewFixtureTest, OverrideBeatsPinnedAndSlug) {
                    {{kNvidia, 0x2335, "H200"}, {kNvidia, 0x2342, "GH200"}, {0x1234, 0x2236, "WRONG_VENDOR"}});
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).resource_name, "nvidia.com/H200");
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).source, NameSource::kOverride);
-  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).pci_ids_name, "GH100 [H200 SXM 141GB]");
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x2335)).pci_ids_name, "");  // not looked up: the override decides
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x2342)).name, "GH200");
   // An override is per vendor:device.
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x2236)).name, "GA102GL_A10");

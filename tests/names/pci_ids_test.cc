@@ -187,5 +187,25 @@ TEST_F(LoadPciIdsErrorTest, ALoadErrorLeavesLaterLoadsWorking) {
   EXPECT_THAT(db->DeviceName(0x10de, 0x2321), Optional(std::string("GH100")));
 }
 
+using LazyPciIdsTest = TempDir;
+
+TEST_F(LazyPciIdsTest, ReadsTheFileAtTheFirstLookupNotBefore) {
+  auto path = Write("lazy.ids", "10de  NVIDIA\n\t2236  Before\n");
+  std::unique_ptr<PciIdsDatabase> db = LazyPciIds(path);
+  Write("lazy.ids", "10de  NVIDIA\n\t2236  GA102GL [A10]\n");
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2236), Optional(std::string("GA102GL [A10]")));
+  EXPECT_EQ(db->source(), path.string());
+  // Loaded once: a later change of the file is not seen.
+  Write("lazy.ids", "10de  NVIDIA\n\t2236  After\n");
+  EXPECT_THAT(db->DeviceName(0x10de, 0x2236), Optional(std::string("GA102GL [A10]")));
+}
+
+TEST_F(LazyPciIdsTest, ABrokenFileFindsNothingInsteadOfFailing) {
+  std::unique_ptr<PciIdsDatabase> db = LazyPciIds(kTestdata / "pci.ids.malformed");
+  EXPECT_EQ(db->DeviceName(0x10de, 0x2236), std::nullopt);
+  EXPECT_EQ(db->source(), "");
+  EXPECT_EQ(LazyPciIds(dir_ / "missing.ids")->DeviceName(0x10de, 0x2236), std::nullopt);
+}
+
 }  // namespace
 }  // namespace vfio_agent::names

@@ -33,4 +33,8 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags);
 // so it is logged, not fatal. The returned pointer may be null.
 std::unique_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options);
 
+// For serve and run: pci.ids is loaded when a GPU without a pinned or overridden name first needs it, so a start
+// on a node of Cozystack's GPUs never parses it. Never null; a --pci-ids that does not exist is reported now.
+std::unique_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options);
+
 }  // namespace vfio_agent::cli

@@ -33,6 +33,11 @@ class PciIdsDatabase {
 // file, InvalidArgument with the path and line for a malformed one (libpci would otherwise exit).
 absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem::path& path);
 
+// A database that loads `path` (as LoadPciIds) at its first lookup, for long-running commands: nodes whose GPUs
+// all have pinned or overridden names then never pay for parsing pci.ids (about 10 ms and 2 MB at start). A
+// load error is logged once, as a warning; every lookup then finds nothing. Thread-safe.
+std::unique_ptr<PciIdsDatabase> LazyPciIds(std::filesystem::path path);
+
 // The search order used when no --pci-ids is given.
 std::vector<std::filesystem::path> DefaultPciIdsLocations();
 
@@ -74,7 +79,7 @@ const char* NameSourceName(NameSource source);
 struct ResolvedName {
   uint16_t vendor_id = 0;
   uint16_t device_id = 0;
-  std::string pci_ids_name;   // as found in pci.ids, "" if absent
+  std::string pci_ids_name;   // as found in pci.ids; "" if absent or not looked up (override and pinned names)
   std::string name;           // name part actually registered
   std::string resource_name;  // "<domain>/<name>"
   NameSource source = NameSource::kPciIds;
