@@ -245,7 +245,8 @@ bool BindReport::ok() const {
 }
 
 absl::StatusOr<BindReport> Bind(const BinderOptions& options) {
-  absl::StatusOr<pci::Inventory> inventory = pci::Scan(options.paths.sysfs_root);
+  absl::StatusOr<pci::Inventory> inventory =
+      pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id});
   if (!inventory.ok()) return inventory.status();
   const pci::Selection selection = pci::Select(*inventory, options.policy);
   absl::StatusOr<TargetDriverChooser> chooser = TargetDriverChooser::FromHost(options.paths, options.kernel_release);

@@ -40,15 +40,9 @@ class ScopedFd {
 // Which optional entries the device directory has, learned from one listing so that absent attributes
 // cost no failed open.
 struct Presence {
-  bool modalias = false;
-  bool subsystem_vendor = false;
-  bool subsystem_device = false;
   bool numa_node = false;
-  bool driver = false;
   bool driver_override = false;
-  bool iommu_group = false;
   bool physfn = false;
-  bool config = false;
   bool vfio_dev = false;
 };
 
@@ -119,9 +113,11 @@ uint16_t ReadOptionalId(int dir_fd, const char* name) {
   return value && *value <= 0xffff ? static_cast<uint16_t>(*value) : 0;
 }
 
+// nullopt with errno set when `name` is not a readable link (ENOENT: absent).
 std::optional<std::string> ReadLinkBasenameAt(int dir_fd, const char* name) {
   char buf[4096];
   ssize_t n = ::readlinkat(dir_fd, name, buf, sizeof buf);
+  if (n == 0) errno = EINVAL;
   if (n <= 0) return std::nullopt;
   std::string_view target(buf, static_cast<size_t>(n));
   while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
@@ -171,8 +167,7 @@ bool ReadModalias(int dir_fd, Function* fn) {
 }
 
 // The individual id files, for trees without a usable modalias. Only vendor, device and class are required.
-absl::Status ReadIdFiles(int dir_fd, const DevicePath& dir, const Presence& presence, Function* fn,
-                         std::filesystem::path* failed_path) {
+absl::Status ReadIdFiles(int dir_fd, const DevicePath& dir, Function* fn, std::filesystem::path* failed_path) {
   auto vendor = ReadRequiredHex(dir_fd, dir, "vendor", 0xffff, failed_path);
   if (!vendor.ok()) return vendor.status();
   auto device = ReadRequiredHex(dir_fd, dir, "device", 0xffff, failed_path);
@@ -182,23 +177,17 @@ absl::Status ReadIdFiles(int dir_fd, const DevicePath& dir, const Presence& pres
   fn->vendor_id = static_cast<uint16_t>(*vendor);
   fn->device_id = static_cast<uint16_t>(*device);
   fn->class_code = *class_code;
-  if (presence.subsystem_vendor) fn->subsystem_vendor_id = ReadOptionalId(dir_fd, "subsystem_vendor");
-  if (presence.subsystem_device) fn->subsystem_device_id = ReadOptionalId(dir_fd, "subsystem_device");
+  fn->subsystem_vendor_id = ReadOptionalId(dir_fd, "subsystem_vendor");
+  fn->subsystem_device_id = ReadOptionalId(dir_fd, "subsystem_device");
   return absl::OkStatus();
 }
 
 // Collects the optional-entry presence and the consumer links from the device directory listing.
 int ScanEntries(int dir_fd, Presence* presence, std::vector<std::string>* consumers) {
   int err = ForEachEntry(dir_fd, [&](std::string_view n) {
-    if (n == "modalias") presence->modalias = true;
-    else if (n == "subsystem_vendor") presence->subsystem_vendor = true;
-    else if (n == "subsystem_device") presence->subsystem_device = true;
-    else if (n == "numa_node") presence->numa_node = true;
-    else if (n == "driver") presence->driver = true;
+    if (n == "numa_node") presence->numa_node = true;
     else if (n == "driver_override") presence->driver_override = true;
-    else if (n == "iommu_group") presence->iommu_group = true;
     else if (n == "physfn") presence->physfn = true;
-    else if (n == "config") presence->config = true;
     else if (n == "vfio-dev") presence->vfio_dev = true;
     else if (n.starts_with(kConsumerPrefix)) consumers->emplace_back(n.substr(kConsumerPrefix.size()));
   });
@@ -206,8 +195,21 @@ int ScanEntries(int dir_fd, Presence* presence, std::vector<std::string>* consum
   return err;
 }
 
-void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
+// Reading config resumes a runtime-suspended device (a GPU in D3cold wakes up), so only bridge-class
+// functions, whose header type decides whether they are bridges, pay for it. Unreadable or short config
+// leaves header_type 0 and IsBridge falls back to the class code.
+void ReadHeaderTypeAt(int dir_fd, const char* config, Function* fn) {
+  if ((fn->class_code >> 16) != kClassBaseBridge) return;
   char buf[kConfigHeaderBytes];
+  ssize_t n = ReadAttr(dir_fd, config, buf, sizeof buf);
+  if (n > static_cast<ssize_t>(kHeaderTypeOffset)) {
+    fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
+  }
+}
+
+// The rest, for functions of the scanned vendor only.
+void ReadDetails(int dir_fd, const Presence& presence, Function* fn) {
+  char buf[64];
   if (presence.numa_node) {
     ssize_t n = ReadAttr(dir_fd, "numa_node", buf, sizeof buf);
     auto node = n > 0 ? ParseDecimal(std::string_view(buf, static_cast<size_t>(n))) : std::nullopt;
@@ -220,16 +222,6 @@ void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
       if (text != "(null)") fn->driver_override = std::string(text);
     }
   }
-  // Reading config resumes a runtime-suspended device (a GPU in D3cold wakes up), so only bridge-class
-  // functions, whose header type decides whether they are bridges, pay for it. Unreadable or short
-  // config leaves header_type 0 and IsBridge falls back to the class code.
-  if (presence.config && (fn->class_code >> 16) == kClassBaseBridge) {
-    ssize_t n = ReadAttr(dir_fd, "config", buf, sizeof buf);
-    if (n > static_cast<ssize_t>(kHeaderTypeOffset)) {
-      fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
-    }
-  }
-  if (presence.driver) fn->driver = ReadLinkBasenameAt(dir_fd, "driver").value_or("");
   if (presence.physfn) fn->physfn = ReadLinkBasenameAt(dir_fd, "physfn");
   if (presence.vfio_dev) {
     ScopedFd vfio_fd(::openat(dir_fd, "vfio-dev", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -241,10 +233,12 @@ void ReadOptional(int dir_fd, const Presence& presence, Function* fn) {
   }
 }
 
-// A group link that does not name a number means a corrupt tree; guessing could hand out a shared group.
+// No link: IOMMU off or the device not isolated. A link that does not name a number means a corrupt tree;
+// guessing could hand out a shared group.
 absl::StatusOr<std::optional<int>> ReadGroup(int dir_fd, const DevicePath& dir,
                                              std::filesystem::path* failed_path) {
-  auto name = ReadLinkBasenameAt(dir_fd, "iommu_group");
+  std::optional<std::string> name = ReadLinkBasenameAt(dir_fd, "iommu_group");
+  if (!name && errno == ENOENT) return std::optional<int>();
   auto group = name ? ParseDecimal(*name) : std::nullopt;
   if (!group || *group < 0) {
     *failed_path = dir / "iommu_group";
@@ -281,36 +275,110 @@ int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit) {
   }
 }
 
-DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf) {
+std::optional<BoundDrivers> ListBoundDrivers(int drivers_fd) {
+  std::vector<std::string> drivers;
+  if (ForEachEntry(drivers_fd, [&](std::string_view name) { drivers.emplace_back(name); }) != 0) return std::nullopt;
+  BoundDrivers bound;
+  for (const std::string& driver : drivers) {
+    ScopedFd fd(::openat(drivers_fd, driver.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (fd.get() < 0) return std::nullopt;
+    // Besides its devices a driver directory holds bind, unbind, new_id, remove_id, module and uevent,
+    // none of which has a ':'.
+    int err = ForEachEntry(fd.get(), [&](std::string_view name) {
+      if (name.find(':') != std::string_view::npos) bound.emplace_back(name, driver);
+    });
+    if (err != 0) return std::nullopt;
+  }
+  std::sort(bound.begin(), bound.end());
+  return bound;
+}
+
+std::string ReadDriverLink(int parent_fd, const std::string& bdf) {
+  return ReadLinkBasenameAt(parent_fd, (bdf + "/driver").c_str()).value_or("");
+}
+
+void ReadHeaderType(int parent_fd, Function* fn) { ReadHeaderTypeAt(parent_fd, (fn->bdf + "/config").c_str(), fn); }
+
+bool AnyEntry(int dir_fd, int* err) {
+  alignas(dirent64) char buf[4096];
+  *err = 0;
+  for (;;) {
+    ssize_t n = ::getdents64(dir_fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) *err = errno;
+      return false;
+    }
+    for (ssize_t at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const dirent64*>(buf + at);
+      std::string_view name = entry->d_name;
+      if (name != "." && name != "..") return true;
+      at += entry->d_reclen;
+    }
+  }
+}
+
+bool IsCanonicalBdf(std::string_view text) {
+  auto lower_hex = [](std::string_view digits) {
+    return !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+    });
+  };
+  // "dddd:bb:dd.f": the domain has at least four digits and no leading zero beyond them.
+  if (text.size() < 12 || text.size() > 16) return false;
+  const size_t domain = text.size() - 8;
+  std::string_view rest = text.substr(domain);
+  if (!lower_hex(text.substr(0, domain)) || (domain > 4 && text[0] == '0')) return false;
+  if (rest[0] != ':' || rest[3] != ':' || rest[6] != '.') return false;
+  if (!lower_hex(rest.substr(1, 2)) || !lower_hex(rest.substr(4, 2))) return false;
+  const bool device_at_most_1f = rest[4] == '0' || rest[4] == '1';
+  return device_at_most_1f && rest[7] >= '0' && rest[7] <= '7';
+}
+
+DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf,
+                          const ScanOptions& options, bool read_driver_link) {
+  const std::optional<uint16_t>& detail_vendor = options.detail_vendor;
   const DevicePath dir{parent_path, bdf};
   DeviceRead out;
   auto fail = [&](absl::Status status) {
     out.function = std::move(status);
     return std::move(out);
   };
-  ScopedFd dir_fd(::openat(parent_fd, bdf.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  Function& fn = *out.function;
+  fn.bdf = bdf;
+  // An O_PATH descriptor resolves the device directory once without opening it; only functions that get
+  // the full read (their directory is listed) open it for real.
+  ScopedFd path_fd(::openat(parent_fd, bdf.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (path_fd.get() < 0) {
+    out.failed_path = dir.Dir();
+    return fail(fs::ErrnoStatus(errno, "open", out.failed_path));
+  }
+  const bool ids_from_modalias = ReadModalias(path_fd.get(), &fn);
+  // Read before the other attributes can fail, so that selection can still place a broken device.
+  auto group = ReadGroup(path_fd.get(), dir, &out.failed_path);
+  if (!group.ok()) return fail(group.status());
+  out.iommu_group = fn.iommu_group = *group;
+  if (!ids_from_modalias) {
+    absl::Status ids = ReadIdFiles(path_fd.get(), dir, &fn, &out.failed_path);
+    if (!ids.ok()) return fail(std::move(ids));
+  }
+  // Nothing above takes the device lock (driver_override does), so a foreign device in the middle of a long
+  // probe or unbind never stalls the scan.
+  if (read_driver_link) fn.driver = ReadLinkBasenameAt(path_fd.get(), "driver").value_or("");
+  if (detail_vendor && fn.vendor_id != *detail_vendor) return out;
+  ReadHeaderTypeAt(path_fd.get(), "config", &fn);
+  ScopedFd dir_fd(::openat(path_fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0) {
     out.failed_path = dir.Dir();
     return fail(fs::ErrnoStatus(errno, "open", out.failed_path));
   }
-  Function& fn = *out.function;
-  fn.bdf = bdf;
   Presence presence;
   if (int err = ScanEntries(dir_fd.get(), &presence, &fn.consumers); err != 0) {
     out.failed_path = dir.Dir();
     return fail(fs::ErrnoStatus(err, "list", out.failed_path));
   }
-  // The group comes first so that selection can still place a device whose other attributes are broken.
-  if (presence.iommu_group) {
-    auto group = ReadGroup(dir_fd.get(), dir, &out.failed_path);
-    if (!group.ok()) return fail(group.status());
-    out.iommu_group = fn.iommu_group = *group;
-  }
-  if (!presence.modalias || !ReadModalias(dir_fd.get(), &fn)) {
-    absl::Status ids = ReadIdFiles(dir_fd.get(), dir, presence, &fn, &out.failed_path);
-    if (!ids.ok()) return fail(std::move(ids));
-  }
-  ReadOptional(dir_fd.get(), presence, &fn);
+  if (!options.driver_override) presence.driver_override = false;
+  ReadDetails(dir_fd.get(), presence, &fn);
   return out;
 }
 

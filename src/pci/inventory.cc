@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <set>
 #include <thread>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device_reader.h"
@@ -51,33 +53,59 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
     if (errno != ENOENT) errors->push_back({"", groups_dir, fs::ErrnoStatus(errno, "open", groups_dir)});
     return false;
   }
-  bool any = false;
-  int err = internal::ForEachEntry(fd, [&](std::string_view) { any = true; });
+  int err = 0;
+  const bool any = internal::AnyEntry(fd, &err);
   ::close(fd);
   if (err != 0) errors->push_back({"", groups_dir, fs::ErrnoStatus(err, "list", groups_dir)});
   return any;
 }
 
-// Reads every device on a few threads: each device costs about two dozen syscalls, which dominate a scan.
+// Reads every device on a few threads (syscalls, four to fifteen a device, dominate a scan). The calling
+// thread first runs `side_task`, so the driver directories are listed while the helpers read devices.
 std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem::path& devices_dir,
-                                          const std::vector<std::string>& bdfs) {
-  constexpr size_t kDevicesPerThread = 256;
+                                          const std::vector<std::string>& bdfs, const ScanOptions& options,
+                                          bool read_driver_links, absl::FunctionRef<void()> side_task) {
+  constexpr size_t kDevicesPerThread = 16;
   constexpr unsigned kMaxThreads = 8;
   std::vector<internal::DeviceRead> reads(bdfs.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < bdfs.size();
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      reads[i] = internal::ReadFunctionAt(devices_fd, devices_dir, bdfs[i]);
+      reads[i] = internal::ReadFunctionAt(devices_fd, devices_dir, bdfs[i], options, read_driver_links);
     }
   };
   const size_t wanted = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), kMaxThreads,
                                           bdfs.size() / kDevicesPerThread + 1});
   std::vector<std::jthread> helpers;
   for (size_t t = 1; t < wanted; ++t) helpers.emplace_back(work);
+  side_task();
   work();
   helpers.clear();  // join before `reads` is moved out
   return reads;
+}
+
+// Fills in each function's driver from the (BDF-sorted) driver directory listing; both lists are sorted.
+void AssignDrivers(const internal::BoundDrivers& bound, std::vector<Function>* functions) {
+  auto it = bound.begin();
+  for (Function& fn : *functions) {
+    while (it != bound.end() && it->first < fn.bdf) ++it;
+    fn.driver = it != bound.end() && it->first == fn.bdf ? it->second : "";
+  }
+}
+
+// A foreign function's header type matters only where it shares an IOMMU group with one of the vendor's
+// (is it a bridge, which a group may keep, or an endpoint on another driver?), so only those read config.
+void ReadForeignHeaderTypes(int devices_fd, uint16_t vendor, std::vector<Function>* functions) {
+  std::set<int> vendor_groups;
+  for (const Function& fn : *functions) {
+    if (fn.vendor_id == vendor && fn.iommu_group) vendor_groups.insert(*fn.iommu_group);
+  }
+  for (Function& fn : *functions) {
+    if (fn.vendor_id != vendor && fn.iommu_group && vendor_groups.contains(*fn.iommu_group)) {
+      internal::ReadHeaderType(devices_fd, &fn);
+    }
+  }
 }
 
 }  // namespace
@@ -103,7 +131,7 @@ const IommuGroup* Inventory::Group(int id) const {
 
 Inventory MakeInventory(std::vector<Function> functions, std::vector<ScanError> errors, bool iommu_enabled) {
   Inventory inventory;
-  std::sort(functions.begin(), functions.end(), ByBdf);
+  if (!std::is_sorted(functions.begin(), functions.end(), ByBdf)) std::sort(functions.begin(), functions.end(), ByBdf);
   for (const Function& fn : functions) {
     if (fn.iommu_group) AddMember(&inventory.groups_, *fn.iommu_group, fn.bdf);
   }
@@ -114,7 +142,7 @@ Inventory MakeInventory(std::vector<Function> functions, std::vector<ScanError> 
   return inventory;
 }
 
-absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root) {
+absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root, const ScanOptions& options) {
   const std::filesystem::path devices_dir = sysfs_root / "bus/pci/devices";
   int devices_fd = ::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (devices_fd < 0) return fs::ErrnoStatus(errno, "open", devices_dir);
@@ -130,16 +158,22 @@ absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root) {
   std::vector<std::string> bdfs;
   bdfs.reserve(names.size());
   for (std::string& name : names) {
-    auto canonical = CanonicalBdf(name);
-    if (canonical.ok() && *canonical == name) {
+    if (internal::IsCanonicalBdf(name)) {
       bdfs.push_back(std::move(name));
     } else {
       const std::filesystem::path path = devices_dir / name;
       errors.push_back({name, path, absl::InvalidArgumentError(absl::StrCat("not a PCI address: ", path.string()))});
     }
   }
-  std::vector<internal::DeviceRead> reads = ReadAll(devices_fd, devices_dir, bdfs);
-  ::close(devices_fd);
+  // One listing per driver instead of one driver link per device; a tree without (listable) driver
+  // directories falls back to the links.
+  const int drivers_fd = ::open((sysfs_root / "bus/pci/drivers").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::optional<internal::BoundDrivers> bound;
+  std::vector<internal::DeviceRead> reads = ReadAll(devices_fd, devices_dir, bdfs, options, drivers_fd < 0, [&] {
+    if (drivers_fd < 0) return;
+    bound = internal::ListBoundDrivers(drivers_fd);
+    ::close(drivers_fd);
+  });
 
   std::vector<Function> functions;
   functions.reserve(reads.size());
@@ -153,6 +187,13 @@ absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root) {
     // Kept in its group so that selection never mistakes a group with an unreadable member for a private one.
     if (reads[i].iommu_group) unreadable_members.emplace_back(*reads[i].iommu_group, bdfs[i]);
   }
+  if (bound) {
+    AssignDrivers(*bound, &functions);
+  } else if (drivers_fd >= 0) {
+    for (Function& fn : functions) fn.driver = internal::ReadDriverLink(devices_fd, fn.bdf);
+  }
+  if (options.detail_vendor) ReadForeignHeaderTypes(devices_fd, *options.detail_vendor, &functions);
+  ::close(devices_fd);
   bool iommu_enabled = AnyIommuGroup(sysfs_root, &errors);
   Inventory inventory = MakeInventory(std::move(functions), std::move(errors), iommu_enabled);
   for (auto& [id, bdf] : unreadable_members) AddMember(&inventory.groups_, id, bdf);
@@ -166,7 +207,7 @@ absl::StatusOr<Function> ReadFunction(const std::filesystem::path& sysfs_root, c
   const std::filesystem::path devices_dir = sysfs_root / "bus/pci/devices";
   int devices_fd = ::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (devices_fd < 0) return fs::ErrnoStatus(errno, "open", devices_dir);
-  internal::DeviceRead read = internal::ReadFunctionAt(devices_fd, devices_dir, *canonical);
+  internal::DeviceRead read = internal::ReadFunctionAt(devices_fd, devices_dir, *canonical, ScanOptions{}, true);
   ::close(devices_fd);
   return std::move(read.function);
 }

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "device_reader.h"
 #include "support/sysfs_tree.h"
 
 namespace vfio_agent::pci {
@@ -170,6 +172,81 @@ TEST_F(InventoryTest, BridgesFromHeaderTypeOrFromClassWhenConfigIsUnreadable) {
   EXPECT_EQ(inventory.Find("0000:00:01.0")->driver, "pcieport");
 }
 
+TEST_F(InventoryTest, OtherVendorsAreReadOnlyAsFarAsSelectionNeeds) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .numa_node = 1, .driver = "vfio-pci", .driver_override = "vfio-pci",
+                   .iommu_group = 7, .consumers = {"0000:3b:00.1"}, .vfio_cdevs = {"vfio0"}});
+  tree_.AddDevice({.bdf = "0000:3b:00.1", .vendor = 0x8086, .device = 0x1572, .class_code = 0x020000,
+                   .numa_node = 1, .driver = "i40e", .driver_override = "i40e", .iommu_group = 7,
+                   .consumers = {"0000:3b:00.0"}, .vfio_cdevs = {"vfio1"}});
+  // PCIe switch ports with a non-0604 class: only header type 1 makes them bridges.
+  tree_.AddDevice({.bdf = "0000:3a:00.0", .vendor = 0x1000, .device = 0xc030, .class_code = 0x068000,
+                   .header_type = 1, .numa_node = 1, .driver = "pcieport", .iommu_group = 7});
+  tree_.AddDevice({.bdf = "0000:5a:00.0", .vendor = 0x1000, .device = 0xc030, .class_code = 0x068000,
+                   .header_type = 1, .driver = "pcieport", .iommu_group = 9});
+  auto scoped = Scan(tree_.root(), {.detail_vendor = kVendorNvidia});
+  ASSERT_TRUE(scoped.ok()) << scoped.status();
+  EXPECT_THAT(scoped->errors(), IsEmpty());
+
+  const Function* nic = scoped->Find("0000:3b:00.1");
+  ASSERT_NE(nic, nullptr);
+  EXPECT_EQ(nic->VendorDevice(), "8086:1572");
+  EXPECT_EQ(nic->class_code, 0x020000u);
+  EXPECT_EQ(nic->driver, "i40e");
+  EXPECT_EQ(nic->iommu_group, 7);
+  EXPECT_EQ(nic->numa_node, std::nullopt);
+  EXPECT_EQ(nic->driver_override, "");
+  EXPECT_THAT(nic->consumers, IsEmpty());
+  EXPECT_THAT(nic->vfio_cdevs, IsEmpty());
+  const Function* bridge = scoped->Find("0000:3a:00.0");
+  ASSERT_NE(bridge, nullptr);
+  EXPECT_EQ(bridge->header_type, 1) << "a bridge in a group with the vendor's GPU";
+  EXPECT_TRUE(bridge->IsBridge());
+  EXPECT_EQ(scoped->Find("0000:5a:00.0")->header_type, 0) << "no config read outside the vendor's groups";
+  EXPECT_THAT(scoped->Group(7)->members, ElementsAre("0000:3a:00.0", "0000:3b:00.0", "0000:3b:00.1"));
+
+  const Function* gpu = scoped->Find("0000:3b:00.0");
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->numa_node, 1);
+  EXPECT_EQ(gpu->driver_override, "vfio-pci");
+  EXPECT_THAT(gpu->consumers, ElementsAre("0000:3b:00.1"));
+  EXPECT_THAT(gpu->vfio_cdevs, ElementsAre("vfio0"));
+
+  // driver_override (the device-locked attribute) only when asked for.
+  auto unlocked = Scan(tree_.root(), {.detail_vendor = kVendorNvidia, .driver_override = false});
+  ASSERT_TRUE(unlocked.ok());
+  EXPECT_EQ(unlocked->Find("0000:3b:00.0")->driver_override, "");
+  EXPECT_EQ(unlocked->Find("0000:3b:00.0")->numa_node, 1);
+
+  // Without a vendor every function is read in full.
+  Inventory full = MustScan();
+  EXPECT_EQ(full.Find("0000:3b:00.1")->numa_node, 1);
+  EXPECT_EQ(full.Find("0000:3b:00.1")->driver_override, "i40e");
+  EXPECT_THAT(full.Find("0000:3b:00.1")->vfio_cdevs, ElementsAre("vfio1"));
+  EXPECT_EQ(full.Find("0000:5a:00.0")->header_type, 1);
+}
+
+TEST_F(InventoryTest, DriversComeFromTheDriverDirectoriesAndFromEachLinkWithoutThem) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .driver = "vfio-pci", .iommu_group = 7});
+  tree_.AddDevice({.bdf = "0000:3c:00.0", .vendor = 0x8086, .class_code = 0x020000, .driver = "i40e"});
+  tree_.AddDevice({.bdf = "0000:3d:00.0"});
+  auto drivers_of = [&](const Inventory& inventory) {
+    std::vector<std::string> drivers;
+    for (const Function& fn : inventory.functions()) drivers.push_back(fn.driver);
+    return drivers;
+  };
+  EXPECT_THAT(drivers_of(MustScan()), ElementsAre("vfio-pci", "i40e", ""));
+  auto scoped = Scan(tree_.root(), {.detail_vendor = kVendorNvidia});
+  ASSERT_TRUE(scoped.ok());
+  EXPECT_THAT(drivers_of(*scoped), ElementsAre("vfio-pci", "i40e", ""));
+  // A driver directory that cannot be listed: every device's own link is read instead.
+  std::filesystem::remove_all(tree_.root() / "bus/pci/drivers/i40e");
+  std::ofstream(tree_.root() / "bus/pci/drivers/i40e") << "not a directory\n";
+  EXPECT_THAT(drivers_of(MustScan()), ElementsAre("vfio-pci", "i40e", ""));
+  // No driver directories at all.
+  std::filesystem::remove_all(tree_.root() / "bus/pci/drivers");
+  EXPECT_THAT(drivers_of(MustScan()), ElementsAre("vfio-pci", "i40e", ""));
+}
+
 TEST_F(InventoryTest, VirtualFunctionNamesItsPhysicalFunction) {
   tree_.AddDevice({.bdf = "0000:3b:00.0", .iommu_group = 1});
   tree_.AddDevice({.bdf = "0000:3b:00.4", .iommu_group = 2, .physfn = "0000:3b:00.0"});
@@ -321,6 +398,17 @@ TEST(CanonicalBdfTest, AcceptsAndNormalises) {
   EXPECT_EQ(*CanonicalBdf("3b:00.1"), "0000:3b:00.1");
   EXPECT_EQ(*CanonicalBdf(" 0000:00:1f.7\n"), "0000:00:1f.7");
   EXPECT_EQ(*CanonicalBdf("10000:e1:00.0"), "10000:e1:00.0") << "VMD domains are wider than 16 bits";
+}
+
+// The scan's allocation-free check must agree with CanonicalBdf on what a device-list entry may be called.
+TEST(CanonicalBdfTest, ScanCheckAcceptsExactlyTheCanonicalSpelling) {
+  for (const char* text : {"0000:3b:00.0", "0000:00:1f.7", "10000:e1:00.0", "ffffffff:ff:1f.7", "0001:00:00.0",
+                           "0000:3B:00.0", "3b:00.0", " 0000:3b:00.0", "0000:3b:00.0\n", "00000:3b:00.0",
+                           "010000:e1:00.0", "0000:3b:20.0", "0000:3b:00.8", "0000:3b:0.0", "0000:3g:00.0",
+                           "0000-3b-00.0", "0000:3b:00.", "", "123456789:00:00.0", "0000:3b:1f.0", "0000:3b:2f.0"}) {
+    auto canonical = CanonicalBdf(text);
+    EXPECT_EQ(internal::IsCanonicalBdf(text), canonical.ok() && *canonical == text) << '"' << text << '"';
+  }
 }
 
 TEST(CanonicalBdfTest, RejectsMalformed) {

@@ -33,12 +33,14 @@ struct Function {
   uint16_t subsystem_device_id = 0;
   uint32_t class_code = 0;  // 24-bit
   // Config space byte 0x0e without the multi-function bit; 1 and 2 are bridges. Read only for base class
-  // 0x06 (reading config wakes a runtime-suspended device); 0 otherwise or when config is unreadable.
+  // 0x06 (reading config wakes a runtime-suspended device); 0 otherwise, when config is unreadable, or for
+  // another vendor's function outside the detail vendor's groups (ScanOptions).
   uint8_t header_type = 0;
-  std::optional<int> numa_node{};    // nullopt when sysfs says -1 (no affinity) or has no numa_node
   std::string driver{};              // "" when unbound
-  std::string driver_override{};     // "" when "(null)" or absent
   std::optional<int> iommu_group{};  // nullopt without an iommu_group link (IOMMU off or device not isolated)
+  // Details, read only for functions of ScanOptions::detail_vendor (empty for the others):
+  std::optional<int> numa_node{};    // nullopt when sysfs says -1 (no affinity) or has no numa_node
+  std::string driver_override{};     // "" when "(null)" or absent (or not read: ScanOptions::driver_override)
   std::optional<std::string> physfn{};   // PF BDF when this is an SR-IOV virtual function
   std::vector<std::string> consumers{};  // BDFs from consumer:pci:<BDF> device links (GPU -> HDA/USB/UCSI)
   std::vector<std::string> vfio_cdevs{}; // names under vfio-dev/ (e.g. "vfio3") when bound to a vfio driver
@@ -62,6 +64,18 @@ struct IommuGroup {
   std::vector<std::string> members;
 };
 
+struct ScanOptions {
+  // Functions of other vendors are read only as far as selection and IOMMU-group viability need them: ids,
+  // class, driver, group, and the header type of bridge-class functions that share a group with one of the
+  // vendor's. Their other attributes are never opened, which nearly halves the cost of a scan and keeps the
+  // agent off the device locks and config space of hardware it does not manage. nullopt reads every function
+  // in full.
+  std::optional<uint16_t> detail_vendor{};
+  // driver_override is the one attribute whose read takes the device lock, so it waits out a probe or unbind in
+  // progress on that device (seconds, for a GPU). Callers that never look at it (the plugin's rescans) skip it.
+  bool driver_override = true;
+};
+
 class Inventory {
  public:
   // Functions sorted by BDF.
@@ -75,7 +89,7 @@ class Inventory {
   const IommuGroup* Group(int id) const;
 
  private:
-  friend absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root);
+  friend absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root, const ScanOptions& options);
   friend Inventory MakeInventory(std::vector<Function>, std::vector<ScanError>, bool);
   std::vector<Function> functions_;
   std::vector<ScanError> errors_;
@@ -85,9 +99,9 @@ class Inventory {
 
 // Scans <sysfs_root>/bus/pci/devices (on a few threads). Fails only when that directory itself cannot be
 // listed.
-absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root);
+absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root, const ScanOptions& options = {});
 
-// Reads one device; used by Scan and by code that re-checks a single device (binding, health).
+// Reads one device in full; used by code that re-checks a single device (binding, health).
 absl::StatusOr<Function> ReadFunction(const std::filesystem::path& sysfs_root, const std::string& bdf);
 
 // Builds an inventory from already-read functions (groups derived from Function::iommu_group). For tests
