@@ -103,7 +103,12 @@ class Agent::Impl {
  private:
   void Loop();
   void Rescan();
+  void Apply(const pci::Inventory& inventory);
   void Reconcile();
+  absl::StatusOr<pci::Inventory> ScanSysfs() const {
+    return pci::Scan(options_.paths.sysfs_root,
+                     {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+  }
   void Serve(Resource& resource);
   void StartRegister(Resource& resource, const FileId& kubelet);
   void RegisterDone(const RegisterCall& call);
@@ -151,11 +156,11 @@ absl::Status Agent::Impl::Start() {
                    options_.rescan_interval.count());
     }
   }
-  absl::StatusOr<pci::Inventory> first = pci::Scan(options_.paths.sysfs_root);
+  absl::StatusOr<pci::Inventory> first = ScanSysfs();
   if (!first.ok()) return first.status();
   {
     std::lock_guard lock(mu_);
-    Rescan();
+    Apply(*first);
     Reconcile();
   }
   started_ = true;
@@ -267,14 +272,19 @@ void Agent::Impl::Loop() {
 }
 
 void Agent::Impl::Rescan() {
-  next_rescan_ = Clock::now() + options_.rescan_interval;
-  absl::StatusOr<pci::Inventory> inventory = pci::Scan(options_.paths.sysfs_root);
+  absl::StatusOr<pci::Inventory> inventory = ScanSysfs();
   if (!inventory.ok()) {
+    next_rescan_ = Clock::now() + options_.rescan_interval;
     spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
     return;
   }
-  const pci::Selection selection = pci::Select(*inventory, options_.policy);
-  DeviceSnapshot next = BuildSnapshot(options_.paths, *inventory, selection, names_, remembered_);
+  Apply(*inventory);
+}
+
+void Agent::Impl::Apply(const pci::Inventory& inventory) {
+  next_rescan_ = Clock::now() + options_.rescan_interval;
+  const pci::Selection selection = pci::Select(inventory, options_.policy);
+  DeviceSnapshot next = BuildSnapshot(options_.paths, inventory, selection, names_, remembered_);
   if (next == snapshot_) return;
   for (const auto& [name, resource] : next.resources) {
     const ResourceDevices* before = nullptr;
