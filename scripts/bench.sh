@@ -8,6 +8,8 @@ scripts/install-deps.sh
 modprobe fuse 2>/dev/null || true
 scripts/build.sh release >/dev/null
 filter=${1:-}
+# bench_plugin starts the real agent binary for the process-start figure.
+export VA_AGENT_BIN=${VA_AGENT_BIN:-$PWD/build/release/src/cli/vfio-gpu-agent}
 for bench in build/release/tests/bench/*/bench_*; do
   [ -x "$bench" ] || continue
   name=$(basename "$bench")
