@@ -337,7 +337,6 @@ bool IsCanonicalBdf(std::string_view text) {
 
 DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_path, const std::string& bdf,
                           const ScanOptions& options, bool read_driver_link) {
-  const std::optional<uint16_t>& detail_vendor = options.detail_vendor;
   const DevicePath dir{parent_path, bdf};
   DeviceRead out;
   auto fail = [&](absl::Status status) {
@@ -365,7 +364,7 @@ DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_pat
   // Nothing above takes the device lock (driver_override does), so a foreign device in the middle of a long
   // probe or unbind never stalls the scan.
   if (read_driver_link) fn.driver = ReadLinkBasenameAt(path_fd.get(), "driver").value_or("");
-  if (detail_vendor && fn.vendor_id != *detail_vendor) return out;
+  if (options.detail_vendor && fn.vendor_id != *options.detail_vendor) return out;
   ReadHeaderTypeAt(path_fd.get(), "config", &fn);
   ScopedFd dir_fd(::openat(path_fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0) {
