@@ -1,5 +1,8 @@
 // Issue 4's "Done when" list, against sysfs-sim (FUSE) and the kubelet simulator.
+#include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <set>
@@ -245,6 +248,35 @@ TEST_F(PluginIntegrationTest, StopDeregistersAndRemovesSockets) {
   node_->StopAgent();
   EXPECT_FALSE(std::filesystem::exists(socket));
   ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = k.Resources().at(kH200);
+        return r.capacity == 0 && r.allocatable == 0 && !r.registered;
+      },
+      std::chrono::seconds(3)));
+}
+
+// The same through the real process and signal: `serve` blocks SIGTERM and waits for it (plugin::Serve).
+TEST_F(PluginIntegrationTest, SigtermToTheServeProcessDeregistersAndRemovesItsSocket) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  const std::string sysfs = node_->options.paths.sysfs_root.string(), dev = node_->options.paths.dev_root.string(),
+                    kubelet_dir = node_->kubelet_dir().string();
+  const char* argv[] = {VA_AGENT_BIN, "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
+                        "--kubelet-dir", kubelet_dir.c_str(), "--no-udev", "--log-level", "warn", nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, VA_AGENT_BIN, nullptr, nullptr, const_cast<char* const*>(argv), environ), 0);
+  const bool registered = node_->WaitForCounts(kH200, 8, 8);
+  const auto socket = node_->kubelet_dir() / "kubevirt-GH100_H200_SXM_141GB.sock";
+  const bool socket_while_serving = std::filesystem::exists(socket);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(registered);
+  EXPECT_TRUE(socket_while_serving);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  EXPECT_TRUE(node_->kubelet().WaitFor(
       [](const kubeletsim::KubeletSim& k) {
         auto r = k.Resources().at(kH200);
         return r.capacity == 0 && r.allocatable == 0 && !r.registered;
