@@ -257,7 +257,7 @@ std::string_view TrimWhitespace(std::string_view text) {
   return text.substr(first, text.find_last_not_of(kWhitespace) - first + 1);
 }
 
-int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit) {
+int ForEachEntryWhile(int dir_fd, absl::FunctionRef<bool(std::string_view)> visit) {
   alignas(dirent64) char buf[16384];
   for (;;) {
     ssize_t n = ::getdents64(dir_fd, buf, sizeof buf);
@@ -269,10 +269,17 @@ int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit) {
     for (ssize_t at = 0; at < n;) {
       const auto* entry = reinterpret_cast<const dirent64*>(buf + at);
       std::string_view name = entry->d_name;
-      if (name != "." && name != "..") visit(name);
+      if (name != "." && name != ".." && !visit(name)) return 0;
       at += entry->d_reclen;
     }
   }
+}
+
+int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit) {
+  return ForEachEntryWhile(dir_fd, [&](std::string_view name) {
+    visit(name);
+    return true;
+  });
 }
 
 std::optional<BoundDrivers> ListBoundDrivers(int drivers_fd) {
@@ -298,25 +305,6 @@ std::string ReadDriverLink(int parent_fd, const std::string& bdf) {
 }
 
 void ReadHeaderType(int parent_fd, Function* fn) { ReadHeaderTypeAt(parent_fd, (fn->bdf + "/config").c_str(), fn); }
-
-bool AnyEntry(int dir_fd, int* err) {
-  alignas(dirent64) char buf[4096];
-  *err = 0;
-  for (;;) {
-    ssize_t n = ::getdents64(dir_fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n < 0) *err = errno;
-      return false;
-    }
-    for (ssize_t at = 0; at < n;) {
-      const auto* entry = reinterpret_cast<const dirent64*>(buf + at);
-      std::string_view name = entry->d_name;
-      if (name != "." && name != "..") return true;
-      at += entry->d_reclen;
-    }
-  }
-}
 
 bool IsCanonicalBdf(std::string_view text) {
   auto lower_hex = [](std::string_view digits) {

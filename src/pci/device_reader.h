@@ -43,15 +43,14 @@ std::string ReadDriverLink(int parent_fd, const std::string& bdf);
 // functions of other vendors).
 void ReadHeaderType(int parent_fd, Function* fn);
 
-// True if the open directory has any entry besides "." and ".." (reads one batch at most); errno in *err.
-bool AnyEntry(int dir_fd, int* err);
-
 // True if `text` is a BDF exactly as CanonicalBdf would print it; allocates nothing (a scan checks thousands).
 bool IsCanonicalBdf(std::string_view text);
 
 // Calls `visit` for each entry of the open directory `dir_fd` except "." and ".."; does not close it.
 // Returns 0, or the errno of a failed listing (callers name the path, so healthy devices build none).
 int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit);
+// The same, stopping (with 0) at the first entry for which `visit` returns false.
+int ForEachEntryWhile(int dir_fd, absl::FunctionRef<bool(std::string_view)> visit);
 
 // std::string_view without surrounding ASCII whitespace (this abseil's string_view is not std's).
 std::string_view TrimWhitespace(std::string_view text);

@@ -53,8 +53,11 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
     if (errno != ENOENT) errors->push_back({"", groups_dir, fs::ErrnoStatus(errno, "open", groups_dir)});
     return false;
   }
-  int err = 0;
-  const bool any = internal::AnyEntry(fd, &err);
+  bool any = false;
+  const int err = internal::ForEachEntryWhile(fd, [&](std::string_view) {
+    any = true;
+    return false;  // one entry is enough
+  });
   ::close(fd);
   if (err != 0) errors->push_back({"", groups_dir, fs::ErrnoStatus(err, "list", groups_dir)});
   return any;
