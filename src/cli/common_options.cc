@@ -70,12 +70,7 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
 }
 
 std::unique_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options) {
-  auto db = names::LoadPciIds(options.pci_ids);
-  if (!db.ok()) {
-    spdlog::warn("no pci.ids database ({}); using pinned names and hex device ids", std::string(db.status().message()));
-    return nullptr;
-  }
-  return *std::move(db);
+  return names::LoadPciIdsOrWarn(options.pci_ids);
 }
 
 std::unique_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options) {

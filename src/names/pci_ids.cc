@@ -195,15 +195,7 @@ class LazyDatabase final : public PciIdsDatabase {
 
  private:
   const PciIdsDatabase* Loaded() const {
-    std::call_once(loaded_, [this] {
-      absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path_);
-      if (db.ok()) {
-        db_ = *std::move(db);
-      } else {
-        spdlog::warn("no pci.ids database ({}); using pinned names and hex device ids",
-                     std::string(db.status().message()));
-      }
-    });
+    std::call_once(loaded_, [this] { db_ = LoadPciIdsOrWarn(path_); });
     return db_.get();
   }
 
@@ -286,6 +278,13 @@ absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem
     return absl::InvalidArgumentError(absl::StrCat("pci.ids ", file.string(), ": contains no entries"));
   }
   return std::unique_ptr<PciIdsDatabase>(std::make_unique<LibpciDatabase>(access, file.string()));
+}
+
+std::unique_ptr<PciIdsDatabase> LoadPciIdsOrWarn(const std::filesystem::path& path) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+  if (db.ok()) return *std::move(db);
+  spdlog::warn("no pci.ids database ({}); using pinned names and hex device ids", std::string(db.status().message()));
+  return nullptr;
 }
 
 std::unique_ptr<PciIdsDatabase> LazyPciIds(std::filesystem::path path) {

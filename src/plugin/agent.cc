@@ -331,7 +331,15 @@ void Agent::Impl::Reconcile() {
   if (!(kubelet == kubelet_)) {
     if (kubelet.present()) spdlog::info("kubelet socket {} appeared", kubelet_socket_.string());
     kubelet_ = kubelet;
-    // A new kubelet: dial it now, whatever backoff was running.
+    // A new kubelet: dial it now, whatever backoff was running. A Register still waiting on the previous
+    // kubelet.sock may never be answered (a kubelet going down can hold its listening socket without
+    // accepting), and while it waits no new attempt starts: cancel it (RegisterDone retries at once).
+    {
+      std::lock_guard lock(queue_mu_);
+      for (RegisterCall* call : calls_in_flight_) {
+        if (!(call->kubelet == kubelet)) call->context.TryCancel();
+      }
+    }
     for (auto& [name, resource] : resources_) {
       resource.backoff = milliseconds(0);
       resource.next_attempt = now;
@@ -434,6 +442,13 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
   if (it == resources_.end() || it->second.generation != call.generation) return;
   Resource& resource = it->second;
   resource.register_in_flight = false;
+  if (!call.status.ok() && !(call.kubelet == kubelet_)) {
+    spdlog::info("{}: Register to the previous kubelet abandoned ({}); dialling the new one", resource.name,
+                 call.status.error_message());
+    resource.backoff = milliseconds(0);
+    resource.next_attempt = Clock::now();
+    return;
+  }
   if (call.status.ok()) {
     resource.registered = true;
     resource.registered_kubelet = call.kubelet;

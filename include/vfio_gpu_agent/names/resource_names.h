@@ -33,9 +33,12 @@ class PciIdsDatabase {
 // file, InvalidArgument with the path and line for a malformed one (libpci would otherwise exit).
 absl::StatusOr<std::unique_ptr<PciIdsDatabase>> LoadPciIds(const std::filesystem::path& path);
 
-// A database that loads `path` (as LoadPciIds) at its first lookup, for long-running commands: nodes whose GPUs
-// all have pinned or overridden names then never pay for parsing pci.ids (about 10 ms and 2 MB at start). A
-// load error is logged once, as a warning; every lookup then finds nothing. Thread-safe.
+// LoadPciIds, or null after a warning: a missing database only costs names (pinned names and hex ids still work).
+std::unique_ptr<PciIdsDatabase> LoadPciIdsOrWarn(const std::filesystem::path& path);
+
+// A database that loads `path` (as LoadPciIdsOrWarn) at its first lookup, for long-running commands: nodes
+// whose GPUs all have pinned or overridden names then never pay for parsing pci.ids (about 7-10 ms and 2 MB
+// at start). A load error is logged once; every lookup then finds nothing. Thread-safe.
 std::unique_ptr<PciIdsDatabase> LazyPciIds(std::filesystem::path path);
 
 // The search order used when no --pci-ids is given.
