@@ -63,7 +63,7 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
   return any;
 }
 
-// Reads every device on a few threads (syscalls, four to fifteen a device, dominate a scan). The calling
+// Reads every device on a few threads (syscalls, six to fifteen a device, dominate a scan). The calling
 // thread first runs `side_task`, so the driver directories are listed while the helpers read devices.
 std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem::path& devices_dir,
                                           const std::vector<std::string>& bdfs, const ScanOptions& options,
