@@ -8,6 +8,8 @@ PACKAGES=(
   libpci-dev pci.ids libudev-dev libkmod-dev kmod libspdlog-dev libabsl-dev
   libfuse3-dev fuse3
   libgtest-dev libgmock-dev libbenchmark-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev libcivetweb-dev
+  python3 stress-ng clang libclang-rt-14-dev
 )
 if [ "${1:-}" = --e2e ]; then
   # The real-kernel test: QEMU, a busybox initramfs and a static VFIO checker.

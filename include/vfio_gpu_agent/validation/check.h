@@ -1,0 +1,68 @@
+// The validator's unit of output: one check of one link in the passthrough chain (firmware -> kernel ->
+// agent -> kubelet -> KubeVirt), with the evidence it read and, when it did not pass, the fix.
+// Check ids are stable API (`inspect --json` consumers, metrics labels, node condition reasons): never
+// rename one, only add.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/plugin/devices.h"
+
+namespace vfio_agent::validation {
+
+// In chain order; the human report groups by layer in this order.
+enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt };
+const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt"
+
+enum class Result { kPass, kWarn, kFail, kSkip };
+const char* ResultName(Result result);  // "pass", "warn", "fail", "skip"
+
+// One thing read: a file, an RPC or a CR field, and the value seen there.
+struct Evidence {
+  std::string source;  // "/sys/class/iommu", "ListAndWatch kubevirt-GA102GL_A10.sock", "kubevirt.spec..."
+  std::string value;   // "(empty)", "vfio-pci", "2 devices: 0000:3b:00.0,0000:86:00.0"
+};
+
+struct Check {
+  std::string id;       // "iommu.enabled", "group.viable", "kubelet.allocatable", ...
+  Layer layer = Layer::kPlatform;
+  std::string subject;  // "node", a BDF, "group 73", a resource name
+  Result result = Result::kPass;
+  std::string message;  // one line: what is true (pass) or what is wrong; for skip, why it was skipped
+  std::vector<Evidence> evidence;
+  std::string fix;      // one or two concrete lines (kernel parameter, BIOS setting, command); "" on pass
+};
+
+// What the node is expected to advertise: the snapshot the device plugin would build from this host now
+// (plugin::BuildSnapshot over the current scan and the same name rules the agent uses).
+struct NodeView {
+  HostPaths paths;
+  const pci::Inventory* inventory = nullptr;
+  const pci::Selection* selection = nullptr;
+  const plugin::DeviceSnapshot* expected = nullptr;
+};
+
+// Layers 3-5. Each returns its checks in a stable order; a layer that cannot run (socket absent, no CR
+// given) returns kSkip checks that say why, never an empty list.
+//
+// Plugin: acts as the kubelet does on every kubevirt-<name>.sock in paths.kubelet_dir: GetDevicePluginOptions,
+// then the first ListAndWatch response (bounded by `wait`), compared with `expected`. Another socket serving
+// one of our resource names fails.
+std::vector<Check> PluginChecks(const NodeView& node, std::chrono::milliseconds wait);
+// Kubelet: pod-resources GetAllocatableResources + List on `socket` against the healthy set of `expected`.
+std::vector<Check> KubeletChecks(const NodeView& node, const std::filesystem::path& socket,
+                                 std::chrono::milliseconds wait);
+// KubeVirt: `kubevirt_cr` is the text of a KubeVirt CR (YAML or JSON, one object, a List, or
+// `kubectl get kubevirt -A -o yaml` output); nullopt = none given (skip with why).
+std::vector<Check> KubevirtChecks(const NodeView& node, const std::optional<std::string>& kubevirt_cr,
+                                  const names::NameResolver& names);
+
+}  // namespace vfio_agent::validation
