@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
@@ -49,6 +50,15 @@ struct NodeView {
   const pci::Selection* selection = nullptr;
   const plugin::DeviceSnapshot* expected = nullptr;
 };
+
+// Layers 1-2 (read-only sysfs, dev and proc under node.paths; never reads config space of a device in D3cold).
+std::vector<Check> PlatformChecks(const NodeView& node);
+std::vector<Check> DeviceChecks(const NodeView& node);
+
+// GPU Operator compatible status files in `dir` (/run/nvidia/validations in the DaemonSet): `workload-type`
+// ("vm-passthrough\n") always, and an empty `vfio-pci-ready` while `host_ready` (layers 1-2 have no failure),
+// removed otherwise. Atomic (temp file + rename); no other file in `dir` is touched.
+absl::Status WriteStatusFiles(const std::filesystem::path& dir, bool host_ready);
 
 // Layers 3-5. Each returns its checks in a stable order; a layer that cannot run (socket absent, no CR
 // given) returns kSkip checks that say why, never an empty list.
