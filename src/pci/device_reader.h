@@ -14,6 +14,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "attr_parsers.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 
 namespace vfio_agent::pci::internal {
@@ -51,8 +52,5 @@ bool IsCanonicalBdf(std::string_view text);
 int ForEachEntry(int dir_fd, absl::FunctionRef<void(std::string_view)> visit);
 // The same, stopping (with 0) at the first entry for which `visit` returns false.
 int ForEachEntryWhile(int dir_fd, absl::FunctionRef<bool(std::string_view)> visit);
-
-// std::string_view without surrounding ASCII whitespace (this abseil's string_view is not std's).
-std::string_view TrimWhitespace(std::string_view text);
 
 }  // namespace vfio_agent::pci::internal
