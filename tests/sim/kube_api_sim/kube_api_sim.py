@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
+
+Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events and GET kubevirt.io/v1 kubevirts on
+127.0.0.1 (http, or https with --tls-cert/--tls-key). Prints "LISTENING <url>" on stdout once it accepts
+connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
+body) before the response is sent, so a test that sees the line knows the server decided.
+
+Control: one command per line on stdin, answered by one line on stdout ("OK [json]" or "ERR <why>"):
+  token T                         accept only bearer token T from now on
+  node NAME [LABELS_JSON]         add (or replace) a node
+  delete-node NAME                the node disappears (404)
+  touch-node NAME                 another writer updated the node: its resourceVersion moves on
+  get-node NAME                   OK <node json>
+  events                          OK <json list of stored Events>
+  fail METHOD PREFIX CODE COUNT [RETRY_AFTER]   answer the next COUNT (-1: all) matching requests with CODE
+  cut METHOD PREFIX COUNT         send half a response and close the connection
+  hang METHOD PREFIX COUNT        hold matching requests until `release` (or 60 s), then close
+  release                         let held requests go (their connections are closed)
+  clear-faults
+  kubevirts JSON_LIST_ITEMS       the KubeVirt CRs (a JSON list of objects); `no-kubevirt`: CRD not installed
+METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
+"""
+import argparse
+import copy
+import datetime
+import http.server
+import json
+import re
+import socket
+import ssl
+import sys
+import threading
+import uuid
+
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+NOTE_LIMIT = 1024
+
+
+class ApiError(Exception):
+    def __init__(self, code, reason, message, retry_after=None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.retry_after = code, reason, message, retry_after
+
+
+def now_rfc3339():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target, patch):
+    """RFC 7386: objects merge, null deletes, everything else (lists included) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge(target, patch, merge_keys):
+    """Strategic merge for the lists the server knows a merge key of (conditions by type), else RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif key in merge_keys and isinstance(value, list):
+            merge_key = merge_keys[key]
+            merged = list(result.get(key) or [])
+            for item in value:
+                if not isinstance(item, dict) or merge_key not in item:
+                    raise ApiError(400, "BadRequest", f"{key}: every item needs {merge_key}")
+                for index, existing in enumerate(merged):
+                    if existing.get(merge_key) == item[merge_key]:
+                        merged[index] = strategic_merge(existing, item, {})
+                        break
+                else:
+                    merged.append(copy.deepcopy(item))
+            result[key] = merged
+        else:
+            result[key] = strategic_merge(result.get(key), value, merge_keys)
+    return result
+
+
+class State:
+    def __init__(self, tokens, log_path):
+        self.lock = threading.Lock()
+        self.tokens = set(tokens)
+        self.nodes = {}
+        self.events = {}  # (namespace, name) -> event
+        self.kubevirts = []
+        self.kubevirt_installed = True
+        self.faults = []
+        self.released = threading.Event()
+        self.rv = 100
+        self.log = open(log_path, "a", buffering=1) if log_path else None
+
+    def next_rv(self):
+        self.rv += 1
+        return str(self.rv)
+
+    def add_node(self, name, labels):
+        self.nodes[name] = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": self.next_rv(),
+                         "labels": labels, "creationTimestamp": now_rfc3339()},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                 "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
+                "capacity": {"nvidia.com/GH100_H200": "8"}},
+        }
+
+    def take_fault(self, method, path):
+        for fault in self.faults:
+            if fault["method"] in ("*", method) and path.startswith(fault["prefix"]) and fault["count"] != 0:
+                if fault["count"] > 0:
+                    fault["count"] -= 1
+                return dict(fault)
+        return None
+
+    def write_log(self, entry):
+        if self.log:
+            self.log.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def validate_event(event, namespace):
+    errors = []
+    meta = event.get("metadata") or {}
+    if not meta.get("name"):
+        errors.append("metadata.name: Required value")
+    if meta.get("namespace", namespace) != namespace:
+        errors.append("metadata.namespace: does not match the namespace of the request")
+    if not isinstance(event.get("eventTime"), str) or not MICRO_TIME.match(event["eventTime"]):
+        errors.append("eventTime: Required value (RFC3339 with microseconds)")
+    for field in ("reportingController", "reportingInstance", "action", "reason"):
+        value = event.get(field)
+        if not isinstance(value, str) or not value:
+            errors.append(f"{field}: Required value")
+        elif len(value) > 128:
+            errors.append(f"{field}: Too long: may not be longer than 128")
+    controller = event.get("reportingController")
+    if isinstance(controller, str) and controller and not QUALIFIED_NAME.match(controller):
+        errors.append("reportingController: Invalid value: must be a qualified name")
+    if event.get("type") not in ("Normal", "Warning"):
+        errors.append("type: Unsupported value: supported values: \"Normal\", \"Warning\"")
+    if len((event.get("note") or "").encode()) > NOTE_LIMIT:
+        errors.append(f"note: Too long: may not be longer than {NOTE_LIMIT}")
+    regarding = event.get("regarding")
+    if not isinstance(regarding, dict) or not regarding.get("kind") or not regarding.get("name"):
+        errors.append("regarding: Required value (kind and name)")
+    elif regarding.get("kind") == "Node" and namespace != "default":
+        errors.append("metadata.namespace: events of a cluster-scoped object live in namespace default")
+    series = event.get("series")
+    if series is not None:
+        if not isinstance(series.get("count"), int) or series["count"] < 2:
+            errors.append("series.count: Invalid value: should be at least 2")
+        if not isinstance(series.get("lastObservedTime"), str) or not MICRO_TIME.match(series["lastObservedTime"]):
+            errors.append("series.lastObservedTime: Required value")
+    if errors:
+        raise ApiError(422, "Invalid", "Event is invalid: " + "; ".join(errors))
+
+
+def validate_conditions(node):
+    for condition in node.get("status", {}).get("conditions", []):
+        if not condition.get("type"):
+            raise ApiError(422, "Invalid", "status.conditions.type: Required value")
+        if condition.get("status") not in ("True", "False", "Unknown"):
+            raise ApiError(422, "Invalid", "status.conditions.status: Unsupported value")
+        for field in ("lastHeartbeatTime", "lastTransitionTime"):
+            if field in condition and not TIME.match(str(condition[field])):
+                raise ApiError(400, "BadRequest", f"status.conditions.{field}: not RFC3339")
+
+
+def make_handler(state):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.handle_api("GET")
+
+        def do_PATCH(self):
+            self.handle_api("PATCH")
+
+        def do_POST(self):
+            self.handle_api("POST")
+
+        def do_PUT(self):
+            self.handle_api("PUT")
+
+        def handle_api(self, method):
+            path = self.path.split("?", 1)[0]
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            entry = {"method": method, "path": path, "content_type": content_type}
+            try:
+                entry["body"] = json.loads(raw) if raw else None
+            except ValueError:
+                entry["body"] = raw.decode(errors="replace")
+            with state.lock:
+                fault = state.take_fault(method, path)
+                if fault is None:
+                    try:
+                        code, body = self.serve(method, path, content_type, raw)
+                        headers = {}
+                    except ApiError as error:
+                        code, body, headers = self.status_object(error)
+                elif fault["kind"] == "fail":
+                    code, body, headers = self.status_object(
+                        ApiError(fault["code"], "Injected", f"injected {fault['code']}", fault.get("retry_after")))
+                entry["status"] = code if fault is None or fault["kind"] == "fail" else fault["kind"]
+                state.write_log(entry)
+            if fault is not None and fault["kind"] == "cut":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\"")
+                self.wfile.flush()
+                self.cut()
+                return
+            if fault is not None and fault["kind"] == "hang":
+                state.released.wait(60)
+                self.cut()
+                return
+            payload = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def cut(self):
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        @staticmethod
+        def status_object(error):
+            headers = {}
+            if error.retry_after is not None:
+                headers["Retry-After"] = str(error.retry_after)
+            return error.code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": error.message,
+                                "reason": error.reason, "code": error.code}, headers
+
+        def serve(self, method, path, content_type, raw):
+            auth = self.headers.get("Authorization") or ""
+            if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in state.tokens:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            body = None
+            if raw:
+                try:
+                    body = json.loads(raw)
+                except ValueError as error:
+                    raise ApiError(400, "BadRequest", f"invalid JSON: {error}")
+            parts = [p for p in path.split("/") if p]
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) in (4, 5):
+                return self.node(method, parts[3], len(parts) == 5 and parts[4] == "status", content_type, body)
+            if parts[:3] == ["apis", "events.k8s.io", "v1"] and len(parts) in (6, 7) and parts[3] == "namespaces" \
+                    and parts[5] == "events":
+                return self.event(method, parts[4], parts[6] if len(parts) == 7 else None, content_type, body)
+            if parts == ["apis", "kubevirt.io", "v1", "kubevirts"] and method == "GET":
+                if not state.kubevirt_installed:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
+                             "items": state.kubevirts}
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+        def node(self, method, name, status, content_type, body):
+            node = state.nodes.get(name)
+            if node is None:
+                raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+            if method == "GET":
+                return 200, node
+            if method != "PATCH" or not status:
+                raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            if content_type not in PATCH_TYPES:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "patch must be a JSON object")
+            wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted_rv is not None and wanted_rv != node["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object has been '
+                                                f"modified; please apply your changes to the latest version and try again")
+            # The status subresource ignores everything but status.
+            patch = {"status": body.get("status", {})}
+            if content_type == PATCH_TYPES[1]:
+                updated = strategic_merge(node, patch, {"conditions": "type"})
+            else:
+                updated = merge_patch(node, patch)
+            validate_conditions(updated)
+            updated["metadata"]["resourceVersion"] = state.next_rv()
+            state.nodes[name] = updated
+            return 200, updated
+
+        def event(self, method, namespace, name, content_type, body):
+            if method == "POST" and name is None:
+                if content_type != "application/json":
+                    raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "body must be an Event")
+                if body.get("apiVersion") != "events.k8s.io/v1" or body.get("kind") != "Event":
+                    raise ApiError(400, "BadRequest", "expected apiVersion events.k8s.io/v1, kind Event")
+                validate_event(body, namespace)
+                key = (namespace, body["metadata"]["name"])
+                if key in state.events:
+                    raise ApiError(409, "AlreadyExists", f'events.events.k8s.io "{key[1]}" already exists')
+                event = copy.deepcopy(body)
+                event["metadata"].update({"namespace": namespace, "uid": str(uuid.uuid4()),
+                                          "resourceVersion": state.next_rv()})
+                state.events[key] = event
+                return 201, event
+            if method == "PATCH" and name is not None:
+                if content_type not in PATCH_TYPES:
+                    raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
+                event = state.events.get((namespace, name))
+                if event is None:
+                    raise ApiError(404, "NotFound", f'events.events.k8s.io "{name}" not found')
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "patch must be a JSON object")
+                wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
+                if wanted_rv is not None and wanted_rv != event["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on events "{name}"')
+                updated = merge_patch(event, body)
+                validate_event(updated, namespace)
+                for field in ("eventTime", "reportingController", "reportingInstance", "action", "reason", "note",
+                              "type", "regarding"):
+                    if updated.get(field) != event.get(field):
+                        raise ApiError(422, "Invalid", f"Event is invalid: {field}: Invalid value: field is immutable")
+                updated["metadata"]["resourceVersion"] = state.next_rv()
+                state.events[(namespace, name)] = updated
+                return 200, updated
+            if method == "GET" and name is not None:
+                event = state.events.get((namespace, name))
+                if event is None:
+                    raise ApiError(404, "NotFound", f'events.events.k8s.io "{name}" not found')
+                return 200, event
+            raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+
+    return Handler
+
+
+def control(state, line):
+    words = line.split()
+    if not words:
+        return "ERR empty command"
+    command, args = words[0], words[1:]
+    with state.lock:
+        if command == "token" and len(args) == 1:
+            state.tokens = {args[0]}
+        elif command == "node" and len(args) >= 1:
+            labels = json.loads(line.split(None, 2)[2]) if len(args) > 1 else {}
+            state.add_node(args[0], labels)
+        elif command == "delete-node" and len(args) == 1:
+            state.nodes.pop(args[0], None)
+        elif command == "touch-node" and len(args) == 1 and args[0] in state.nodes:
+            state.nodes[args[0]]["metadata"]["resourceVersion"] = state.next_rv()
+        elif command == "get-node" and len(args) == 1 and args[0] in state.nodes:
+            return "OK " + json.dumps(state.nodes[args[0]])
+        elif command == "events":
+            return "OK " + json.dumps(list(state.events.values()))
+        elif command == "fail" and len(args) in (4, 5):
+            fault = {"kind": "fail", "method": args[0], "prefix": args[1], "code": int(args[2]), "count": int(args[3])}
+            if len(args) == 5:
+                fault["retry_after"] = int(args[4])
+            state.faults.append(fault)
+        elif command in ("cut", "hang") and len(args) == 3:
+            state.released.clear()
+            state.faults.append({"kind": command, "method": args[0], "prefix": args[1], "count": int(args[2])})
+        elif command == "release":
+            state.released.set()
+        elif command == "clear-faults":
+            state.faults.clear()
+        elif command == "kubevirts" and args:
+            state.kubevirts = json.loads(line.split(None, 1)[1])
+            state.kubevirt_installed = True
+        elif command == "no-kubevirt":
+            state.kubevirt_installed = False
+        else:
+            return f"ERR unknown or malformed command: {line}"
+    return "OK"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", action="append", default=[])
+    parser.add_argument("--node", action="append", default=[])
+    parser.add_argument("--log", default="")
+    parser.add_argument("--tls-cert", default="")
+    parser.add_argument("--tls-key", default="")
+    args = parser.parse_args()
+
+    state = State(args.token, args.log)
+    for name in args.node:
+        state.add_node(name, {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
+    server.daemon_threads = True
+    scheme = "http"
+    if args.tls_cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls_cert, args.tls_key or None)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"LISTENING {scheme}://127.0.0.1:{server.server_address[1]}", flush=True)
+    for line in sys.stdin:
+        try:
+            reply = control(state, line.strip())
+        except (ValueError, KeyError) as error:
+            reply = f"ERR {error}"
+        print(reply, flush=True)
+    state.released.set()
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
