@@ -1,6 +1,7 @@
 #include "vfio_gpu_agent/common/fs.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,15 +41,36 @@ absl::StatusCode CodeForErrno(int err) {
   }
 }
 
+const char* FileType(mode_t mode) {
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  return "special file";
+}
+
 }  // namespace
 
 absl::Status ErrnoStatus(int err, std::string_view what, const std::filesystem::path& path) {
   return absl::Status(CodeForErrno(err), absl::StrCat(std::string(what), " ", path.string(), ": ", std::strerror(err)));
 }
 
-absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer before its type can be refused.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return ErrnoStatus(errno, "open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("read ", path.string(), ": not a regular file (", FileType(st.st_mode), ")"));
+  }
+  // sysfs reports 4096 and procfs 0 whatever the content, so the size is checked while reading.
   std::string out;
   char buf[4096];
   for (;;) {
@@ -60,6 +82,10 @@ absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path) {
       return ErrnoStatus(err, "read", path);
     }
     if (n == 0) break;
+    if (out.size() + static_cast<size_t>(n) > max_bytes) {
+      ::close(fd);
+      return absl::OutOfRangeError(absl::StrCat("read ", path.string(), ": larger than ", max_bytes, " bytes"));
+    }
     out.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
@@ -123,7 +149,11 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& di
   std::filesystem::directory_iterator it(dir, ec);
   if (ec) return ErrnoStatus(ec.value(), "list", dir);
   std::vector<std::string> names;
-  for (const auto& entry : it) names.push_back(entry.path().filename().string());
+  // increment(ec), never ++: the throwing increment is what a vanishing directory would trip.
+  for (const std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) return ErrnoStatus(ec.value(), "list", dir);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -13,8 +13,14 @@
 
 namespace vfio_agent::fs {
 
-// Whole file content (sysfs attributes are small); trailing whitespace stripped.
-absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path);
+// Every read below takes only regular files (sysfs and procfs attributes are regular files) and at most
+// `max_bytes`: a FIFO, a device node such as /dev/zero or a directory is an InvalidArgument error naming the
+// path and its type, never a hang or an unbounded allocation; a larger file is an OutOfRange error.
+inline constexpr size_t kMaxAttributeBytes = 64 * 1024;  // sysfs attributes are at most a page
+inline constexpr size_t kMaxFileBytes = 16 * 1024 * 1024;  // pci.ids (~1.4 MB), modules.alias (~1.5 MB)
+
+// Whole file content; trailing whitespace stripped.
+absl::StatusOr<std::string> ReadTrimmed(const std::filesystem::path& path, size_t max_bytes = kMaxFileBytes);
 
 // Parses "0x10de\n"-style sysfs hex attributes.
 absl::StatusOr<uint32_t> ReadHex(const std::filesystem::path& path);
@@ -29,7 +35,9 @@ absl::StatusOr<std::string> ReadLinkBasename(const std::filesystem::path& path);
 // Writes `data` with a single write(2), as sysfs expects; the kernel's errno becomes the status.
 absl::Status WriteAttribute(const std::filesystem::path& path, std::string_view data);
 
-// Names of the entries of a directory, sorted; NotFound when it does not exist.
+// Names of the entries of a directory, sorted; NotFound when it does not exist. A directory that goes away
+// while it is listed (/proc/<pid>/fd of an exiting process, a removed device) is an error status, never an
+// exception.
 absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& dir);
 
 bool Exists(const std::filesystem::path& path);
