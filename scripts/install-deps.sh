@@ -10,7 +10,13 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev libcivetweb-dev
   python3 stress-ng clang libclang-rt-14-dev
+  python3-yaml mmdebstrap umoci
 )
+# The deploy tests render daemonset/ with `kubectl kustomize`. A machine image may bring its own kubectl
+# (e.g. v1.32 from Kubernetes' apt repository); otherwise Debian's kubectl 1.20 (kustomize v2.0.3) does.
+if ! command -v kubectl >/dev/null; then
+  PACKAGES+=(kubernetes-client)
+fi
 if [ "${1:-}" = --e2e ]; then
   # The real-kernel test: QEMU, a busybox initramfs and a static VFIO checker.
   PACKAGES+=(qemu-system-x86 busybox-static cpio xz-utils gzip gcc libc6-dev)

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Renders daemonset/ with kubectl kustomize and checks what a cluster would be given.
+
+  check_manifests.py render    --daemonset-dir DIR --kubectl KUBECTL [--kubectl KUBECTL]...
+  check_manifests.py manifests --daemonset-dir DIR --kubectl KUBECTL --agent AGENT_BINARY
+
+`render`: every overlay renders with every kubectl given (plus those in $VA_KUBECTL_EXTRA, colon-separated, e.g.
+Debian's kubectl 1.20 with kustomize v2.0.3), and all of them render the same objects.
+`manifests`: the rendered objects carry what issue 10 asks for: Pod Security labels, hostPath types that work
+on Talos's read-only root, probes and ports on the ports `run` listens on, RBAC verbs exactly those `run`
+needs, and args/env naming only options that `vfio-gpu-agent run --help` lists.
+Every failed check is printed; exit 1 if any failed.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+# overlay dir (under daemonset/) -> namespace its objects go to, whether it ships the Namespace, CDI on
+OVERLAYS = {
+    "base": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False},
+    "overlays/cozystack": {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False},
+    "overlays/cdi": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True},
+}
+
+# (apiGroup, resource, verb): what `run` does through the API, nothing else (issue 9).
+RBAC_NEEDED = {
+    ("", "nodes", "get"),
+    ("", "nodes/status", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("kubevirt.io", "kubevirts", "get"),
+    ("kubevirt.io", "kubevirts", "list"),
+}
+
+# hostPath -> type. Talos's root is read-only: an *OrCreate type only where the host has a writable tmpfs or
+# /var; everything the kubelet or the OS provides must exist already (Directory).
+HOST_PATHS = {
+    "/sys": "Directory",
+    "/dev": "Directory",
+    "/lib/modules": "Directory",
+    "/var/lib/kubelet/device-plugins": "Directory",
+    "/var/lib/kubelet/pod-resources": "Directory",
+    "/run/nvidia/validations": "DirectoryOrCreate",
+}
+CDI_HOST_PATHS = {"/var/run/cdi": "DirectoryOrCreate"}
+WRITABLE_ON_TALOS = ("/run/", "/var/")
+
+PSA_LABELS = ("enforce", "audit", "warn")
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+
+    def check(self, ok, what):
+        if not ok:
+            self.failures.append(what)
+        return ok
+
+
+def kubectls(args):
+    found = list(args.kubectl or [])
+    found += [k for k in os.environ.get("VA_KUBECTL_EXTRA", "").split(":") if k]
+    return found
+
+
+def render(kubectl, daemonset_dir, overlay):
+    proc = subprocess.run([kubectl, "kustomize", os.path.join(daemonset_dir, overlay)],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        return None, f"{kubectl} kustomize {overlay} failed ({proc.returncode}): {proc.stderr.strip()}"
+    return proc.stdout, None
+
+
+def parse_run_help(agent):
+    """Options and env names of `run`, and each option's default, from its --help."""
+    proc = subprocess.run([agent, "run", "--help"], capture_output=True, text=True, timeout=30)
+    text = proc.stdout + proc.stderr
+    options, envs, defaults = set(), set(), {}
+    for line in text.splitlines():
+        m = re.match(r"^\s+(--[a-z0-9][a-z0-9-]*)\b(.*)$", line)
+        if m:
+            options.add(m.group(1))
+            d = re.search(r"\(default: ([^)]*)\)", m.group(2))
+            if d:
+                defaults[m.group(1)] = d.group(1)
+        m = re.match(r"^\s+env (VFIO_GPU_AGENT_[A-Z0-9_]+)\s*$", line)
+        if m:
+            envs.add(m.group(1))
+    return options, envs, defaults
+
+
+def option_env(option):
+    return "VFIO_GPU_AGENT_" + option[2:].upper().replace("-", "_")
+
+
+def agent_setting(container, option, defaults):
+    """The value `run` will use for an option: the command line wins over the env, the env over the default."""
+    for arg in container.get("args", [])[1:]:
+        if arg == option:
+            return "true"
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    for env in container.get("env", []):
+        if env["name"] == option_env(option) and "value" in env:
+            return env["value"]
+    return defaults.get(option)
+
+
+def under(path, mount_paths):
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mount_paths)
+
+
+def check_overlay(c, name, spec, docs, help_info):
+    options, envs, defaults = help_info
+    where = f"[{name}]"
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+
+    # Namespace and Pod Security
+    namespaces = by_kind.get("Namespace", [])
+    if spec["owns_namespace"]:
+        if c.check(len(namespaces) == 1, f"{where} one Namespace expected, got {len(namespaces)}"):
+            ns = namespaces[0]
+            c.check(ns["metadata"]["name"] == spec["namespace"],
+                    f"{where} Namespace is {ns['metadata']['name']}, objects go to {spec['namespace']}")
+            labels = ns["metadata"].get("labels", {})
+            for mode in PSA_LABELS:
+                key = f"pod-security.kubernetes.io/{mode}"
+                c.check(labels.get(key) == "privileged", f"{where} Namespace label {key}={labels.get(key)}, want privileged")
+    else:
+        c.check(not namespaces, f"{where} ships a Namespace object, but the namespace is not this overlay's to delete")
+    for d in docs:
+        if d["kind"] in ("ServiceAccount", "DaemonSet"):
+            c.check(d["metadata"].get("namespace") == spec["namespace"],
+                    f"{where} {d['kind']} in namespace {d['metadata'].get('namespace')}, want {spec['namespace']}")
+    c.check(not by_kind.get("Role") and not by_kind.get("RoleBinding"), f"{where} unexpected namespaced Role/RoleBinding")
+
+    # RBAC
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"):
+        c.check(len(by_kind.get(kind, [])) == 1, f"{where} one {kind} expected, got {len(by_kind.get(kind, []))}")
+    if any(len(by_kind.get(k, [])) != 1 for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet")):
+        return
+    sa = by_kind["ServiceAccount"][0]
+    role = by_kind["ClusterRole"][0]
+    binding = by_kind["ClusterRoleBinding"][0]
+    ds = by_kind["DaemonSet"][0]
+    granted = set()
+    for rule in role.get("rules", []):
+        c.check("resourceNames" not in rule and "nonResourceURLs" not in rule, f"{where} unexpected rule shape {rule}")
+        for g in rule.get("apiGroups", []):
+            for r in rule.get("resources", []):
+                for v in rule.get("verbs", []):
+                    granted.add((g, r, v))
+    c.check(granted == RBAC_NEEDED,
+            f"{where} ClusterRole grants {sorted(granted - RBAC_NEEDED)} beyond what run needs and lacks {sorted(RBAC_NEEDED - granted)}")
+    c.check(binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": role["metadata"]["name"]}, f"{where} binding roleRef {binding['roleRef']}")
+    c.check(binding.get("subjects") == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                         "namespace": spec["namespace"]}],
+            f"{where} binding subjects {binding.get('subjects')}, want the ServiceAccount in {spec['namespace']}")
+
+    # DaemonSet scheduling and lifecycle
+    pod = ds["spec"]["template"]["spec"]
+    c.check(pod.get("serviceAccountName") == sa["metadata"]["name"], f"{where} pod serviceAccountName {pod.get('serviceAccountName')}")
+    c.check(pod.get("nodeSelector") == {"nvidia.com/gpu.workload.config": "vm-passthrough"},
+            f"{where} nodeSelector {pod.get('nodeSelector')}")
+    tolerated = {(t.get("key"), t.get("operator"), t.get("effect")) for t in pod.get("tolerations", [])}
+    for effect in ("NoSchedule", "NoExecute"):
+        c.check(("nvidia.com/gpu", "Exists", effect) in tolerated, f"{where} no toleration of nvidia.com/gpu:{effect}")
+    c.check(pod.get("priorityClassName") == "system-node-critical", f"{where} priorityClassName {pod.get('priorityClassName')}")
+    c.check(pod.get("hostPID") is True, f"{where} hostPID not set: holders of a GPU could not be named")
+    c.check(not pod.get("hostNetwork"), f"{where} hostNetwork: the health and metrics ports need no host network")
+    strategy = ds["spec"].get("updateStrategy", {})
+    c.check(strategy.get("type") == "RollingUpdate"
+            and strategy.get("rollingUpdate") == {"maxUnavailable": 1, "maxSurge": 0},
+            f"{where} updateStrategy {strategy}")
+
+    containers = pod.get("containers", [])
+    if not c.check(len(containers) == 1, f"{where} one container expected, got {len(containers)}"):
+        return
+    ctr = containers[0]
+    c.check(ctr.get("securityContext", {}).get("privileged") is True, f"{where} container not privileged")
+    c.check(bool(ctr.get("image")), f"{where} no image")
+
+    # args and env name only what `run --help` lists
+    args = ctr.get("args", [])
+    c.check(args[:1] == ["run"], f"{where} args {args[:1]}, want the run command first")
+    for arg in args[1:]:
+        option = arg.split("=", 1)[0]
+        c.check(option in options, f"{where} arg {arg}: `run --help` lists no {option}")
+    env_names = [e["name"] for e in ctr.get("env", [])]
+    c.check(len(env_names) == len(set(env_names)), f"{where} env names repeated: {env_names}")
+    for env in env_names:
+        if env.startswith("VFIO_GPU_AGENT_"):
+            c.check(env in envs, f"{where} env {env}: `run --help` lists no such variable")
+    node_env = [e for e in ctr.get("env", []) if e["name"] == "NODE_NAME"]
+    c.check(len(node_env) == 1 and node_env[0].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
+            f"{where} NODE_NAME not from the downward API (spec.nodeName)")
+    node_name = agent_setting(ctr, "--node-name", {})
+    c.check(node_name == "$(NODE_NAME)" or "NODE_NAME" in env_names,
+            f"{where} the agent is not told its node name (--node-name=$(NODE_NAME) or NODE_NAME)")
+    nvv = [e.get("value") for e in ctr.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+    c.check(nvv == ["void"], f"{where} NVIDIA_VISIBLE_DEVICES={nvv}, want void (no nvidia runtime hook)")
+
+    # Probes and ports on the ports the agent listens on
+    health = agent_setting(ctr, "--health-port", defaults)
+    metrics = agent_setting(ctr, "--metrics-port", defaults)
+    ports = {p.get("name"): p for p in ctr.get("ports", [])}
+    if c.check(health is not None and health.isdigit(),
+               f"{where} `run --help` gives no --health-port (value {health}): the probes have no port the agent listens on"):
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            got = ctr.get(probe, {}).get("grpc", {}).get("port")
+            c.check(got == int(health), f"{where} {probe} gRPC port {got}, the agent's health port is {health}")
+        c.check(ports.get("health", {}).get("containerPort") == int(health), f"{where} port 'health' is not {health}")
+    if c.check(metrics is not None and metrics.isdigit() and metrics != "0",
+               f"{where} `run --help` gives no --metrics-port (value {metrics}): nothing listens on the metrics port"):
+        c.check(ports.get("metrics", {}).get("containerPort") == int(metrics), f"{where} port 'metrics' is not {metrics}")
+    for p in ports.values():
+        c.check(p.get("protocol", "TCP") == "TCP" and "hostPort" not in p, f"{where} port {p} must be plain TCP without hostPort")
+
+    # hostPath volumes and their mounts
+    want_paths = dict(HOST_PATHS)
+    if spec["cdi"]:
+        want_paths.update(CDI_HOST_PATHS)
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    got_paths = {}
+    for v in volumes.values():
+        hp = v.get("hostPath")
+        if not c.check(hp is not None, f"{where} volume {v['name']} is not a hostPath"):
+            continue
+        got_paths[hp["path"]] = hp.get("type")
+        if hp.get("type", "").endswith("OrCreate"):
+            c.check(hp["path"].startswith(WRITABLE_ON_TALOS),
+                    f"{where} hostPath {hp['path']} is {hp['type']}: the kubelet cannot create it on Talos's read-only root")
+    c.check(got_paths == want_paths, f"{where} hostPaths {got_paths}, want {want_paths}")
+    mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])}
+    for m in mounts.values():
+        c.check(m["name"] in volumes, f"{where} mount {m['mountPath']} of a missing volume {m['name']}")
+        if m["name"] in volumes:
+            c.check(m["mountPath"] == volumes[m["name"]]["hostPath"]["path"],
+                    f"{where} {volumes[m['name']]['hostPath']['path']} mounted at {m['mountPath']}: the agent's defaults are host paths")
+    c.check(len(mounts) == len(volumes), f"{where} {len(volumes)} volumes but {len(mounts)} mounts")
+    c.check(mounts.get("/var/lib/kubelet/pod-resources", {}).get("readOnly") is True, f"{where} pod-resources mounted writable")
+    c.check(mounts.get("/lib/modules", {}).get("readOnly") is True, f"{where} /lib/modules mounted writable")
+
+    # Paths the agent is given live on the mounts
+    mount_paths = list(mounts)
+    for option in ("--status-dir", "--pod-resources-socket", "--kubelet-dir", "--sysfs-root", "--dev-root", "--modules-root"):
+        value = agent_setting(ctr, option, defaults)
+        if option in ("--status-dir", "--pod-resources-socket"):
+            c.check(value is not None, f"{where} `run` has no {option} (help lists none and the manifest sets none)")
+        if value:
+            c.check(under(value, mount_paths), f"{where} {option}={value} is on no hostPath mount")
+    cdi = agent_setting(ctr, "--cdi", defaults)
+    if spec["cdi"]:
+        c.check(cdi == "true", f"{where} CDI overlay without --cdi (VFIO_GPU_AGENT_CDI={cdi})")
+        cdi_dir = agent_setting(ctr, "--cdi-dir", defaults)
+        c.check(cdi_dir is not None and under(cdi_dir, mount_paths), f"{where} --cdi-dir {cdi_dir} is on no hostPath mount")
+    else:
+        c.check(cdi in (None, "false", "off"), f"{where} --cdi set outside the CDI overlay ({cdi})")
+
+    # Termination grace covers deregistration and the longest write in flight
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    write_timeout = agent_setting(ctr, "--write-timeout", defaults) or "5s"
+    m = re.match(r"^(\d+)(ms|s)$", write_timeout)
+    write_s = (int(m.group(1)) / (1000 if m.group(2) == "ms" else 1)) if m else 5
+    c.check(grace > write_s, f"{where} terminationGracePeriodSeconds {grace} does not cover a {write_timeout} write in flight")
+
+    # Resources set (figures justified in the manifest from bench_plugin's RSS)
+    res = ctr.get("resources", {})
+    req_mem = res.get("requests", {}).get("memory")
+    lim_mem = res.get("limits", {}).get("memory")
+    c.check(bool(res.get("requests", {}).get("cpu")) and bool(req_mem) and bool(lim_mem),
+            f"{where} resources {res}: cpu and memory requests and a memory limit expected")
+    c.check("cpu" not in res.get("limits", {}), f"{where} CPU limit: throttling would delay Allocate")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["render", "manifests"])
+    parser.add_argument("--daemonset-dir", required=True)
+    parser.add_argument("--kubectl", action="append")
+    parser.add_argument("--agent")
+    args = parser.parse_args()
+
+    c = Checker()
+    tools = kubectls(args)
+    if not tools:
+        print("no kubectl given (scripts/install-deps.sh installs one)", file=sys.stderr)
+        return 1
+    rendered = {}
+    for overlay in OVERLAYS:
+        outputs = {}
+        for kubectl in tools:
+            out, err = render(kubectl, args.daemonset_dir, overlay)
+            if c.check(err is None, err or ""):
+                outputs[kubectl] = [d for d in yaml.safe_load_all(out) if d]
+        if outputs:
+            first_tool, first = next(iter(outputs.items()))
+            for tool, docs in outputs.items():
+                c.check(docs == first, f"[{overlay}] {tool} renders other objects than {first_tool}")
+            c.check(all("kind" in d and "apiVersion" in d for d in first), f"[{overlay}] an object without kind/apiVersion")
+            rendered[overlay] = first
+            print(f"[{overlay}] rendered by {len(outputs)} kubectl(s): {len(first)} objects")
+
+    if args.mode == "manifests":
+        if not args.agent:
+            parser.error("manifests needs --agent")
+        help_info = parse_run_help(args.agent)
+        if c.check(help_info[0], f"`{args.agent} run --help` listed no options"):
+            for overlay, docs in rendered.items():
+                check_overlay(c, overlay, OVERLAYS[overlay], docs, help_info)
+
+    for f in c.failures:
+        print("FAIL", f)
+    print(f"{len(c.failures)} failed check(s)")
+    return 1 if c.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
