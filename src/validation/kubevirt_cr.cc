@@ -1,0 +1,129 @@
+#include "kubevirt_cr.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+
+namespace vfio_agent::validation {
+namespace {
+
+// The node at `path` below `root`, or an undefined node when any step is missing or not a map.
+YAML::Node Walk(const YAML::Node& root, std::initializer_list<const char*> path) {
+  YAML::Node node = root;
+  for (const char* key : path) {
+    if (!node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    node = node[key];
+    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
+  }
+  return node;
+}
+
+std::string ScalarOr(const YAML::Node& node, std::string fallback = "") {
+  return node.IsDefined() && node.IsScalar() ? node.Scalar() : fallback;
+}
+
+bool IsKubevirt(const YAML::Node& node) { return node.IsMap() && ScalarOr(node["kind"]) == "KubeVirt"; }
+
+// Every KubeVirt object in a document: the object itself, or the items of a List (kind List or KubeVirtList).
+void Collect(const YAML::Node& doc, std::vector<YAML::Node>* out) {
+  if (IsKubevirt(doc)) {
+    out->push_back(doc);
+    return;
+  }
+  if (!doc.IsMap()) return;
+  const YAML::Node items = doc["items"];
+  if (!items.IsDefined() || !items.IsSequence()) return;
+  for (const YAML::Node& item : items) {
+    if (IsKubevirt(item)) out->push_back(item);
+  }
+}
+
+absl::StatusOr<KubevirtCr> Describe(const YAML::Node& object, int objects) {
+  KubevirtCr cr;
+  cr.objects = objects;
+  cr.name = ScalarOr(Walk(object, {"metadata", "name"}));
+  cr.namespace_ = ScalarOr(Walk(object, {"metadata", "namespace"}));
+
+  const YAML::Node gates = Walk(object, {"spec", "configuration", "developerConfiguration", "featureGates"});
+  if (gates.IsDefined()) {
+    if (!gates.IsSequence()) {
+      return absl::InvalidArgumentError("spec.configuration.developerConfiguration.featureGates is not a list");
+    }
+    for (const YAML::Node& gate : gates) {
+      if (gate.IsScalar()) cr.feature_gates.push_back(gate.Scalar());
+    }
+  }
+
+  const YAML::Node permitted = Walk(object, {"spec", "configuration", "permittedHostDevices"});
+  cr.has_permitted_host_devices = permitted.IsDefined();
+  const YAML::Node pci = Walk(object, {"spec", "configuration", "permittedHostDevices", "pciHostDevices"});
+  if (!pci.IsDefined()) return cr;
+  if (!pci.IsSequence()) {
+    return absl::InvalidArgumentError("spec.configuration.permittedHostDevices.pciHostDevices is not a list");
+  }
+  int index = 0;
+  for (const YAML::Node& item : pci) {
+    PciHostDeviceEntry entry;
+    entry.index = index++;
+    if (!item.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat("pciHostDevices[", entry.index, "] is not an object"));
+    }
+    entry.pci_vendor_selector = ScalarOr(item["pciVendorSelector"]);
+    entry.resource_name = ScalarOr(item["resourceName"]);
+    const YAML::Node external = item["externalResourceProvider"];
+    if (external.IsDefined() && !external.IsNull()) {
+      bool value = false;
+      // YAML 1.2 / JSON booleans only: KubeVirt's API server rejects "yes", and so does a Go bool.
+      const std::string text = ScalarOr(external);
+      if (text == "true" || text == "True" || text == "TRUE") {
+        value = true;
+      } else if (!(text == "false" || text == "False" || text == "FALSE")) {
+        return absl::InvalidArgumentError(absl::StrCat("pciHostDevices[", entry.index,
+                                                       "].externalResourceProvider is not a boolean: \"", text,
+                                                       "\""));
+      }
+      entry.external_resource_provider = value;
+    }
+    cr.pci_host_devices.push_back(std::move(entry));
+  }
+  return cr;
+}
+
+}  // namespace
+
+absl::StatusOr<KubevirtCr> ParseKubevirtCr(std::string_view text) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not YAML or JSON: line ", e.mark.line + 1, " column ",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+  try {
+    std::vector<YAML::Node> objects;
+    for (const YAML::Node& doc : docs) Collect(doc, &objects);
+    if (objects.empty()) return absl::NotFoundError("no object of kind KubeVirt in the text");
+    return Describe(objects.front(), static_cast<int>(objects.size()));
+  } catch (const YAML::Exception& e) {
+    // Reached only through shapes the walk does not expect (e.g. a key that is itself a map).
+    return absl::InvalidArgumentError(absl::StrCat("unexpected KubeVirt CR shape: ", e.msg));
+  }
+}
+
+std::optional<std::pair<uint16_t, uint16_t>> ParsePciVendorSelector(std::string_view selector) {
+  const size_t colon = selector.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  const std::string_view parts[2] = {selector.substr(0, colon), selector.substr(colon + 1)};
+  uint16_t ids[2];
+  for (int i = 0; i < 2; ++i) {
+    std::string_view part = parts[i];
+    if (part.size() != 4) return std::nullopt;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), ids[i], 16);
+    if (ec != std::errc() || end != part.data() + part.size()) return std::nullopt;
+  }
+  return std::make_pair(ids[0], ids[1]);
+}
+
+}  // namespace vfio_agent::validation
