@@ -28,7 +28,12 @@ done
 mirror=${VA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${VA_DEBIAN_SECURITY-http://deb.debian.org/debian-security}
 cache=$PWD/build/image-cache
-: "${SOURCE_DATE_EPOCH:=$(git log -1 --format=%ct)}"
+: "${SOURCE_DATE_EPOCH:=$(git log -1 --format=%ct 2>/dev/null || true)}"
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if ! [[ "$SOURCE_DATE_EPOCH" =~ ^[0-9]+$ ]]; then
+  echo "image.sh: not a git checkout: set SOURCE_DATE_EPOCH (seconds) for the image's timestamps" >&2
+  exit 2
+fi
 export SOURCE_DATE_EPOCH LC_ALL=C TZ=UTC
 
 if [ ! -x "$agent" ]; then
@@ -95,7 +100,7 @@ tar --create --file="$work/layer.tar" --directory="$rootfs" --no-recursion --fil
   --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime
 gzip -9 -n -c "$work/layer.tar" > "$work/layer.tar.gz"
 
-python3 - "$layout" "$work" "$version" "$SOURCE_DATE_EPOCH" "$(git rev-parse HEAD)" <<'EOF'
+python3 - "$layout" "$work" "$version" "$SOURCE_DATE_EPOCH" "$revision" <<'EOF'
 import datetime, hashlib, json, os, shutil, sys
 
 layout, work, version, epoch, revision = sys.argv[1:]
