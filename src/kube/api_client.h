@@ -1,0 +1,51 @@
+// Requests to the API server through libcurl (TLS, client certificates and the CA bundle are libcurl's).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "config.h"
+
+namespace vfio_agent::kube {
+
+struct ApiResponse {
+  long code = 0;  // HTTP status
+  std::string body;
+  std::optional<std::chrono::seconds> retry_after;  // from a Retry-After header in seconds
+};
+
+// Thread-safe; each request uses its own curl handle.
+class ApiClient {
+ public:
+  explicit ApiClient(ClusterConfig config);
+
+  const ClusterConfig& config() const { return config_; }
+  std::string Url(absl::string_view path) const { return config_.server + std::string(path); }
+
+  // Any HTTP answer is a response, whatever its code. A 401 makes the token file be read again and, when the
+  // token changed, the request be sent once more with the new one. Errors are transport failures naming the
+  // URL: Unavailable (refused, unreachable, TLS), Aborted (connection cut mid-request), DeadlineExceeded (timeout), Cancelled
+  // (abort became true), FailedPrecondition (libcurl missing), Unauthenticated (token file unreadable).
+  absl::StatusOr<ApiResponse> Send(absl::string_view method, absl::string_view path, absl::string_view content_type,
+                                   absl::string_view body, std::chrono::milliseconds timeout,
+                                   const std::atomic<bool>* abort = nullptr);
+
+  uint64_t requests() const { return requests_.load(); }
+
+ private:
+  absl::StatusOr<ApiResponse> SendOnce(absl::string_view method, const std::string& url, absl::string_view content_type,
+                                       absl::string_view body, const std::string& token,
+                                       std::chrono::milliseconds timeout, const std::atomic<bool>* abort);
+
+  const ClusterConfig config_;
+  TokenSource tokens_;
+  std::atomic<uint64_t> requests_{0};
+};
+
+}  // namespace vfio_agent::kube

@@ -1,0 +1,45 @@
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "api_client.h"
+#include "config.h"
+#include "reporter.h"
+#include "vfio_gpu_agent/kube/node_reporter.h"
+
+namespace vfio_agent::kube {
+namespace {
+
+// A node name is a DNS subdomain; anything else would also be a path injection into the request URLs.
+bool IsNodeName(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  for (char c : name) {
+    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-' && c != '.') return false;
+  }
+  return true;
+}
+
+absl::string_view Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? absl::string_view() : absl::string_view(value);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeReporter>> ConnectNodeReporter(const ConnectOptions& options) {
+  if (options.node_name.empty()) {
+    return absl::InvalidArgumentError("no node name for the Kubernetes API: set NODE_NAME (downward API) or --node-name");
+  }
+  if (!IsNodeName(options.node_name)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid node name \"", options.node_name,
+                                                   "\": lower-case letters, digits, '-' and '.' only"));
+  }
+  absl::StatusOr<ClusterConfig> config =
+      options.kubeconfig.empty()
+          ? LoadInClusterConfig(options.service_account_dir, Env("KUBERNETES_SERVICE_HOST"), Env("KUBERNETES_SERVICE_PORT"))
+          : LoadKubeconfig(options.kubeconfig);
+  if (!config.ok()) return config.status();
+  return StartNodeReporter(std::make_unique<ApiClient>(*std::move(config)), ReporterOptions{.node_name = options.node_name});
+}
+
+}  // namespace vfio_agent::kube

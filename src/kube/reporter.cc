@@ -1,0 +1,533 @@
+#include "reporter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace vfio_agent::kube {
+namespace {
+
+using Json = nlohmann::json;
+using TimePoint = Clock::TimePoint;
+
+constexpr char kStrategicMergePatch[] = "application/strategic-merge-patch+json";
+constexpr char kMergePatch[] = "application/merge-patch+json";
+// Events of a cluster-scoped object (the Node) live in namespace default, as kubectl and client-go put them.
+constexpr char kEventNamespace[] = "default";
+constexpr size_t kNoteLimit = 1024;  // events.k8s.io/v1 validation
+constexpr size_t kReasonLimit = 128;
+constexpr size_t kSeriesMemory = 256;  // distinct (type, reason, note) whose Event we remember for series
+
+class SteadyClock final : public Clock {
+ public:
+  TimePoint Now() override { return std::chrono::steady_clock::now(); }
+  std::chrono::system_clock::time_point WallNow() override { return std::chrono::system_clock::now(); }
+  void WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, TimePoint deadline) override {
+    if (deadline == TimePoint::max()) {
+      cv.wait(lock);
+    } else {
+      cv.wait_until(lock, deadline);
+    }
+  }
+};
+
+// Cut at a UTF-8 character boundary so that the JSON stays valid.
+std::string Truncate(const std::string& text, size_t limit) {
+  if (text.size() <= limit) return text;
+  size_t end = limit;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
+std::string Dump(const Json& json) { return json.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// What went wrong, for "logged once per kind" and for the retry policy.
+enum class Failure { kNone, kUnreachable, kCut, kTimeout, kUnauthorized, kForbidden, kNotFound, kConflict,
+                     kThrottled, kServerError, kRejected, kNoClient };
+
+const char* Describe(Failure failure) {
+  switch (failure) {
+    case Failure::kNone: return "ok";
+    case Failure::kUnreachable: return "API server unreachable";
+    case Failure::kCut: return "connection cut mid-request";
+    case Failure::kTimeout: return "request timed out";
+    case Failure::kUnauthorized: return "401 Unauthorized (token rejected)";
+    case Failure::kForbidden: return "403 Forbidden (RBAC)";
+    case Failure::kNotFound: return "404 Not Found";
+    case Failure::kConflict: return "409 Conflict";
+    case Failure::kThrottled: return "429 Too Many Requests";
+    case Failure::kServerError: return "server error (5xx)";
+    case Failure::kRejected: return "request rejected";
+    case Failure::kNoClient: return "no HTTP client";
+  }
+  return "unknown";
+}
+
+struct Outcome {
+  Failure failure = Failure::kNone;
+  long code = 0;
+  std::string detail;  // method, URL and the server's message
+  std::optional<std::chrono::seconds> retry_after;
+  Json body;
+  bool ok() const { return failure == Failure::kNone; }
+};
+
+using EventKey = std::tuple<EventType, std::string, std::string>;  // type, reason, note
+
+struct PendingEvent {
+  EventKey key;
+  uint64_t occurrences = 0;  // recorded and not yet written
+  std::chrono::system_clock::time_point first_seen;
+  std::chrono::system_clock::time_point last_seen;
+};
+
+struct SentEvent {
+  std::string name;
+  uint64_t count = 0;  // series.count on the server (1: no series yet)
+  uint64_t order = 0;  // for forgetting the oldest
+};
+
+class NodeReporterImpl final : public NodeReporter {
+ public:
+  NodeReporterImpl(std::unique_ptr<ApiClient> client, ReporterOptions options)
+      : client_(std::move(client)),
+        options_(std::move(options)),
+        clock_(*options_.clock),
+        tokens_(options_.write_burst),
+        refilled_at_(clock_.Now()),
+        backoff_(options_.backoff_initial) {
+    worker_ = std::thread([this] { Run(); });
+  }
+
+  ~NodeReporterImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    abort_ = true;  // an in-flight request gives up at its next progress callback
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void SetCondition(const NodeCondition& condition) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (wanted_ == condition) return;
+      wanted_ = condition;
+    }
+    cv_.notify_all();
+  }
+
+  void RecordEvent(EventType type, const std::string& reason, const std::string& note) override {
+    const auto now = clock_.WallNow();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      EventKey key{type, reason, note};
+      for (PendingEvent& pending : events_) {
+        if (pending.key == key) {  // a repeat not yet written joins it: one write for both
+          ++pending.occurrences;
+          pending.last_seen = now;
+          return;
+        }
+      }
+      if (events_.size() >= options_.queue_limit) {
+        ++stats_.events_dropped;
+        if (!drop_logged_) {
+          spdlog::warn("node {}: Kubernetes event queue full ({} distinct events waiting), dropping {} \"{}\" and "
+                       "further ones until it drains", options_.node_name, events_.size(), reason, note);
+          drop_logged_ = true;
+        }
+        return;
+      }
+      events_.push_back(PendingEvent{std::move(key), 1, now, now});
+    }
+    cv_.notify_all();
+  }
+
+  absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) override {
+    Outcome outcome = Request("GET", NodePath(), "", "", timeout);
+    if (!outcome.ok()) return ToStatus(outcome);
+    std::map<std::string, std::string> labels;
+    const Json& metadata = outcome.body["metadata"];
+    if (metadata.is_object() && metadata.contains("labels") && metadata["labels"].is_object()) {
+      for (const auto& [name, value] : metadata["labels"].items()) {
+        if (value.is_string()) labels[name] = value.get<std::string>();
+      }
+    }
+    return labels;
+  }
+
+  absl::StatusOr<std::string> KubevirtCrs(std::chrono::milliseconds timeout) override {
+    Outcome outcome = Request("GET", "/apis/kubevirt.io/v1/kubevirts", "", "", timeout);
+    if (outcome.code == 404) {
+      return absl::NotFoundError(absl::StrCat("KubeVirt is not installed (no kubevirt.io/v1 API): ", outcome.detail));
+    }
+    if (!outcome.ok()) return ToStatus(outcome);
+    if (!outcome.body.is_object() || !outcome.body.contains("items")) {
+      return absl::DataLossError(absl::StrCat("GET ", client_->Url("/apis/kubevirt.io/v1/kubevirts"),
+                                              ": answer is not a list"));
+    }
+    return Dump(outcome.body);
+  }
+
+  ReporterStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  std::string NodePath() const { return absl::StrCat("/api/v1/nodes/", options_.node_name); }
+
+  static absl::Status ToStatus(const Outcome& outcome) {
+    switch (outcome.failure) {
+      case Failure::kUnauthorized: return absl::UnauthenticatedError(outcome.detail);
+      case Failure::kForbidden: return absl::PermissionDeniedError(outcome.detail);
+      case Failure::kNotFound: return absl::NotFoundError(outcome.detail);
+      case Failure::kTimeout: return absl::DeadlineExceededError(outcome.detail);
+      case Failure::kRejected: return absl::InvalidArgumentError(outcome.detail);
+      case Failure::kNoClient: return absl::FailedPreconditionError(outcome.detail);
+      default: return absl::UnavailableError(outcome.detail);
+    }
+  }
+
+  // One request, no lock held. Counts it; classifies the answer; parses a 2xx body.
+  Outcome Request(const std::string& method, const std::string& path, const std::string& content_type,
+                  const std::string& body, std::chrono::milliseconds timeout) {
+    absl::StatusOr<ApiResponse> response = client_->Send(method, path, content_type, body, timeout, &abort_);
+    Outcome outcome;
+    const std::string where = absl::StrCat(method, " ", client_->Url(path));
+    if (!response.ok()) {
+      outcome.detail = std::string(response.status().message());
+      switch (response.status().code()) {
+        case absl::StatusCode::kDeadlineExceeded: outcome.failure = Failure::kTimeout; break;
+        case absl::StatusCode::kAborted: outcome.failure = Failure::kCut; break;
+        case absl::StatusCode::kUnauthenticated: outcome.failure = Failure::kUnauthorized; break;
+        case absl::StatusCode::kFailedPrecondition: outcome.failure = Failure::kNoClient; break;
+        default: outcome.failure = Failure::kUnreachable; break;
+      }
+    } else {
+      outcome.code = response->code;
+      outcome.retry_after = response->retry_after;
+      outcome.body = Json::parse(response->body, nullptr, /*allow_exceptions=*/false);
+      if (outcome.code >= 200 && outcome.code < 300) {
+        if (outcome.body.is_discarded()) {
+          outcome.failure = Failure::kCut;
+          outcome.detail = absl::StrCat(where, ": ", outcome.code, " with a body that is not JSON");
+        }
+      } else {
+        std::string message = outcome.body.is_object() && outcome.body.contains("message") && outcome.body["message"].is_string()
+                                  ? outcome.body["message"].get<std::string>()
+                                  : Truncate(response->body, 200);
+        outcome.detail = absl::StrCat(where, ": ", outcome.code, " ", message);
+        if (outcome.code == 401) outcome.failure = Failure::kUnauthorized;
+        else if (outcome.code == 403) outcome.failure = Failure::kForbidden;
+        else if (outcome.code == 404) outcome.failure = Failure::kNotFound;
+        else if (outcome.code == 409) outcome.failure = Failure::kConflict;
+        else if (outcome.code == 429) outcome.failure = Failure::kThrottled;
+        else if (outcome.code >= 500) outcome.failure = Failure::kServerError;
+        else outcome.failure = Failure::kRejected;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.requests = client_->requests();
+    if (!outcome.ok()) ++stats_.failures;
+    return outcome;
+  }
+
+  // --- worker (mutex_ held except around requests) ---
+
+  bool ConditionDue() const { return wanted_ && wanted_ != accepted_ && wanted_ != rejected_; }
+
+  bool TakeWriteToken(TimePoint now) {
+    const double elapsed = std::chrono::duration<double>(now - refilled_at_).count();
+    tokens_ = std::min<double>(options_.write_burst, tokens_ + elapsed * options_.writes_per_second);
+    refilled_at_ = now;
+    if (tokens_ < 1.0) return false;
+    tokens_ -= 1.0;
+    return true;
+  }
+
+  TimePoint NextWriteToken() const {
+    const double wait = (1.0 - tokens_) / options_.writes_per_second;
+    return refilled_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait));
+  }
+
+  void Succeeded() {
+    backoff_ = options_.backoff_initial;
+    if (!logged_failures_.empty()) {
+      spdlog::info("node {}: Kubernetes API requests succeed again", options_.node_name);
+      logged_failures_.clear();
+    }
+  }
+
+  // Logged once per kind until a request succeeds; the next attempt waits Retry-After or the backoff.
+  void Failed(const Outcome& outcome, TimePoint now, bool back_off = true) {
+    if (stopping_) return;  // the request was aborted by the destructor
+    if (logged_failures_.insert(outcome.failure).second) {
+      spdlog::warn("node {}: Kubernetes API: {}: {}; retrying with backoff (further failures of this kind are not "
+                   "logged until a request succeeds)", options_.node_name, Describe(outcome.failure), outcome.detail);
+    }
+    if (outcome.retry_after) {
+      retry_at_ = now + *outcome.retry_after;
+    } else if (back_off) {
+      retry_at_ = now + backoff_;
+      backoff_ = std::min(backoff_ * 2, options_.backoff_max);
+    }
+  }
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      const bool work = ConditionDue() || !events_.empty();
+      if (!work) {
+        clock_.WaitUntil(cv_, lock, TimePoint::max());
+        continue;
+      }
+      const TimePoint now = clock_.Now();
+      if (now < retry_at_) {
+        clock_.WaitUntil(cv_, lock, retry_at_);
+        continue;
+      }
+      if (!node_known_) {
+        FetchNode(lock, now);
+        continue;
+      }
+      if (!ConditionDue() && events_.empty()) continue;  // the fetched node already carried the condition
+      if (!TakeWriteToken(now)) {
+        clock_.WaitUntil(cv_, lock, NextWriteToken());
+        continue;
+      }
+      if (ConditionDue()) {
+        PatchCondition(lock, now);
+      } else {
+        WriteEvent(lock, now);
+      }
+    }
+  }
+
+  // The node's uid (for events), resourceVersion (for the patch precondition) and our condition as stored.
+  void FetchNode(std::unique_lock<std::mutex>& lock, TimePoint now) {
+    lock.unlock();
+    Outcome outcome = Request("GET", NodePath(), "", "", options_.request_timeout);
+    lock.lock();
+    if (!outcome.ok()) {
+      Failed(outcome, now);
+      return;
+    }
+    const Json& metadata = outcome.body["metadata"];
+    node_uid_ = metadata.value("uid", "");
+    node_resource_version_ = metadata.value("resourceVersion", "");
+    stored_ = std::nullopt;
+    const Json& conditions = outcome.body["status"]["conditions"];
+    if (conditions.is_array()) {
+      for (const Json& condition : conditions) {
+        if (condition.is_object() && condition.value("type", "") == kConditionType) {
+          stored_ = NodeCondition{.ready = condition.value("status", "") == "True",
+                                  .reason = condition.value("reason", ""),
+                                  .message = condition.value("message", "")};
+        }
+      }
+    }
+    // Already there (a restart in an unchanged state): nothing to write.
+    if (stored_ && wanted_ && *stored_ == *wanted_) accepted_ = wanted_;
+    node_known_ = true;
+    Succeeded();
+  }
+
+  void PatchCondition(std::unique_lock<std::mutex>& lock, TimePoint now) {
+    const NodeCondition sending = *wanted_;
+    const std::string stamp = Rfc3339(clock_.WallNow());
+    Json condition = {{"type", kConditionType},
+                      {"status", sending.ready ? "True" : "False"},
+                      {"reason", sending.reason},
+                      {"message", sending.message},
+                      {"lastHeartbeatTime", stamp}};
+    // Strategic merge keeps the stored lastTransitionTime when the patch leaves it out.
+    if (!stored_ || stored_->ready != sending.ready) condition["lastTransitionTime"] = stamp;
+    // The precondition makes a patch decided on a stale view (lastTransitionTime) fail with 409.
+    Json patch = {{"metadata", {{"resourceVersion", node_resource_version_}}},
+                  {"status", {{"conditions", Json::array({condition})}}}};
+    lock.unlock();
+    Outcome outcome = Request("PATCH", NodePath() + "/status", kStrategicMergePatch, Dump(patch), options_.request_timeout);
+    lock.lock();
+    if (outcome.ok()) {
+      accepted_ = sending;
+      stored_ = sending;
+      node_resource_version_ = outcome.body["metadata"].value("resourceVersion", node_resource_version_);
+      ++stats_.condition_patches;
+      Succeeded();
+      return;
+    }
+    if (outcome.failure == Failure::kConflict || outcome.failure == Failure::kNotFound) {
+      node_known_ = false;  // read the node again, then decide again
+      Failed(outcome, now, /*back_off=*/outcome.failure == Failure::kNotFound);
+      return;
+    }
+    if (outcome.failure == Failure::kRejected) {
+      spdlog::error("node {}: Kubernetes API rejected the {} condition, not retrying it: {}", options_.node_name,
+                    kConditionType, outcome.detail);
+      rejected_ = sending;
+      return;
+    }
+    Failed(outcome, now);
+  }
+
+  std::string NextEventName(std::chrono::system_clock::time_point time) {
+    // client-go's scheme, <object>.<hex nanoseconds>, kept strictly increasing for events in the same instant.
+    uint64_t nanos = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count());
+    nanos = std::max(nanos, last_event_nanos_ + 1);
+    last_event_nanos_ = nanos;
+    return absl::StrFormat("%s.%x", options_.node_name, nanos);
+  }
+
+  Json NewEvent(const PendingEvent& pending, const std::string& name) const {
+    const auto& [type, reason, note] = pending.key;
+    Json event = {{"apiVersion", "events.k8s.io/v1"},
+                  {"kind", "Event"},
+                  {"metadata", {{"name", name}, {"namespace", kEventNamespace}}},
+                  {"eventTime", Rfc3339Micro(pending.first_seen)},
+                  {"reportingController", kReportingController},
+                  {"reportingInstance", Truncate(options_.node_name, kReasonLimit)},
+                  {"action", Truncate(reason, kReasonLimit)},
+                  {"reason", Truncate(reason, kReasonLimit)},
+                  {"note", Truncate(note, kNoteLimit)},
+                  {"type", type == EventType::kWarning ? "Warning" : "Normal"},
+                  {"regarding", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", options_.node_name}, {"uid", node_uid_}}}};
+    if (pending.occurrences > 1) {
+      event["series"] = {{"count", pending.occurrences}, {"lastObservedTime", Rfc3339Micro(pending.last_seen)}};
+    }
+    return event;
+  }
+
+  // Repeats recorded while the write was in flight stay queued for the next series update.
+  void Consume(uint64_t written) {
+    PendingEvent& front = events_.front();
+    front.occurrences -= std::min(written, front.occurrences);
+    if (front.occurrences == 0) events_.pop_front();
+    if (events_.empty()) drop_logged_ = false;
+  }
+
+  void Remember(const EventKey& key, SentEvent sent) {
+    sent.order = ++sent_order_;
+    sent_[key] = std::move(sent);
+    if (sent_.size() <= kSeriesMemory) return;
+    auto oldest = std::min_element(sent_.begin(), sent_.end(),
+                                   [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
+    sent_.erase(oldest);
+  }
+
+  void WriteEvent(std::unique_lock<std::mutex>& lock, TimePoint now) {
+    const PendingEvent pending = events_.front();
+    auto sent = sent_.find(pending.key);
+    if (sent != sent_.end()) {
+      const uint64_t count = sent->second.count + pending.occurrences;
+      Json patch = {{"series", {{"count", count}, {"lastObservedTime", Rfc3339Micro(pending.last_seen)}}}};
+      const std::string path = absl::StrCat("/apis/events.k8s.io/v1/namespaces/", kEventNamespace, "/events/", sent->second.name);
+      lock.unlock();
+      Outcome outcome = Request("PATCH", path, kMergePatch, Dump(patch), options_.request_timeout);
+      lock.lock();
+      if (outcome.ok()) {
+        if (auto it = sent_.find(pending.key); it != sent_.end()) it->second.count = count;
+        ++stats_.events_updated;
+        Consume(pending.occurrences);
+        Succeeded();
+      } else if (outcome.failure == Failure::kNotFound) {
+        sent_.erase(pending.key);  // the Event expired (its TTL is an hour): the next write creates a new one
+      } else if (outcome.failure == Failure::kRejected || outcome.failure == Failure::kConflict) {
+        spdlog::error("node {}: Kubernetes API rejected the series update of event {}: {}", options_.node_name,
+                      sent->second.name, outcome.detail);
+        sent_.erase(pending.key);
+      } else {
+        Failed(outcome, now);
+      }
+      return;
+    }
+    const std::string name = NextEventName(pending.first_seen);
+    const std::string body = Dump(NewEvent(pending, name));
+    const std::string path = absl::StrCat("/apis/events.k8s.io/v1/namespaces/", kEventNamespace, "/events");
+    lock.unlock();
+    Outcome outcome = Request("POST", path, "application/json", body, options_.request_timeout);
+    lock.lock();
+    if (outcome.ok()) {
+      Remember(pending.key, SentEvent{.name = name, .count = std::max<uint64_t>(pending.occurrences, 1)});
+      ++stats_.events_created;
+      Consume(pending.occurrences);
+      Succeeded();
+    } else if (outcome.failure == Failure::kConflict) {
+      Failed(outcome, now, /*back_off=*/false);  // name taken: the next attempt has a new one
+    } else if (outcome.failure == Failure::kRejected) {
+      spdlog::error("node {}: Kubernetes API rejected event {} \"{}\", dropping it: {}", options_.node_name,
+                    std::get<1>(pending.key), std::get<2>(pending.key), outcome.detail);
+      ++stats_.events_dropped;
+      Consume(pending.occurrences);
+    } else {
+      Failed(outcome, now);
+    }
+  }
+
+  const std::unique_ptr<ApiClient> client_;
+  const ReporterOptions options_;
+  Clock& clock_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::atomic<bool> abort_{false};
+  ReporterStats stats_;
+
+  std::optional<NodeCondition> wanted_;
+  std::optional<NodeCondition> accepted_;
+  std::optional<NodeCondition> rejected_;
+  std::optional<NodeCondition> stored_;  // as the node carried it at the last read or accepted patch
+  bool node_known_ = false;
+  std::string node_uid_;
+  std::string node_resource_version_;
+
+  std::deque<PendingEvent> events_;
+  bool drop_logged_ = false;
+  std::map<EventKey, SentEvent> sent_;
+  uint64_t sent_order_ = 0;
+  uint64_t last_event_nanos_ = 0;
+
+  double tokens_;
+  TimePoint refilled_at_;
+  TimePoint retry_at_{};
+  std::chrono::milliseconds backoff_;
+  std::set<Failure> logged_failures_;
+
+  std::thread worker_;  // started in the constructor's body, once every member is initialised
+};
+
+}  // namespace
+
+Clock& RealClock() {
+  static SteadyClock clock;
+  return clock;
+}
+
+std::string Rfc3339(std::chrono::system_clock::time_point time) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromChrono(time), absl::UTCTimeZone());
+}
+
+std::string Rfc3339Micro(std::chrono::system_clock::time_point time) {
+  const absl::Time t = absl::FromChrono(time);
+  // %E6S gives seconds with exactly six fractional digits, as metav1.MicroTime requires.
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", t, absl::UTCTimeZone());
+}
+
+std::unique_ptr<NodeReporter> StartNodeReporter(std::unique_ptr<ApiClient> client, ReporterOptions options) {
+  return std::make_unique<NodeReporterImpl>(std::move(client), std::move(options));
+}
+
+}  // namespace vfio_agent::kube
