@@ -78,14 +78,83 @@ mmdebstrap --quiet --variant=extract --mode=root --format=directory \
   bookworm "$rootfs" "${sources[@]}" >&2
 
 # Drop everything that is not a package's run-time file: mmdebstrap's apt/dpkg state, /etc and /dev skeleton
-# (a runtime provides resolv.conf, hostname and /dev), caches, documentation (copyright files stay), locales,
-# and glibc's iconv modules (the agent converts no charsets).
-(cd "$rootfs" && rm -rf var etc dev usr/share/man usr/share/info usr/share/locale usr/share/lintian \
-  usr/lib/x86_64-linux-gnu/gconv)
+# (a runtime provides resolv.conf, hostname and /dev), caches, documentation (copyright files stay), locales.
+(cd "$rootfs" && rm -rf var etc dev usr/share/man usr/share/info usr/share/locale usr/share/lintian)
 find "$rootfs/usr/share/doc" -type f ! -name copyright -delete
 find "$rootfs/usr/share/doc" -type l -delete
 install -D -m 0755 /dev/null "$rootfs/usr/bin/vfio-gpu-agent"
 strip --strip-all -o "$rootfs/usr/bin/vfio-gpu-agent" "$agent"
+
+# Keep only the shared objects the agent can reach: its interpreter, what it names (NEEDED entries and the
+# sonames it dlopens) and, recursively, what those need. The rest of the packages' libraries (glibc's iconv
+# modules, libmvec, SASL and OpenSSL plugins, libraries of other tools) is never loaded. A soname that is
+# missing stops the build here instead of failing at run time.
+python3 - "$rootfs" <<'EOF'
+import os, re, subprocess, sys
+
+rootfs = sys.argv[1]
+LIBDIRS = ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "lib", "usr/lib"]
+
+
+def host(path):
+    return os.path.join(rootfs, path.lstrip("/"))
+
+
+def chain(path):
+    """The path and every symlink hop from it, resolved inside the root filesystem; None if it dangles."""
+    hops = []
+    for _ in range(40):
+        hops.append(path)
+        if os.path.islink(host(path)):
+            target = os.readlink(host(path))
+            path = os.path.normpath(target if target.startswith("/") else os.path.join(os.path.dirname(path), target))
+            continue
+        return hops if os.path.isfile(host(path)) else None
+    return None
+
+
+def dynamic(path, tag):
+    out = subprocess.run(["readelf", "-d", "-l", "-W", host(path)], capture_output=True, text=True, check=True).stdout
+    if tag == "interp":
+        return re.findall(r"Requesting program interpreter: (\S+)\]", out)
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out)
+
+
+agent = "/usr/bin/vfio-gpu-agent"
+with open(host(agent), "rb") as f:
+    named = set(m.decode() for m in re.findall(rb"lib[a-z0-9_+-]+\.so(?:\.[0-9]+)+", f.read()))
+# glibc itself dlopens libgcc_s for pthread_cancel/pthread_exit unwinding and backtrace().
+named.add("libgcc_s.so.1")
+keep = set()
+todo = [(p, agent) for p in dynamic(agent, "interp")] + [(n, agent) for n in sorted(named | set(dynamic(agent, "needed")))]
+seen = set()
+while todo:
+    name, user = todo.pop()
+    if name in seen:
+        continue
+    seen.add(name)
+    hops = chain(name) if name.startswith("/") else next(
+        (c for c in (chain("/" + d + "/" + name) for d in LIBDIRS) if c), None)
+    if not hops:
+        sys.exit(f"image.sh: {user} needs {name}, which no package in daemonset/packages.txt provides")
+    keep.update(hops)
+    todo += [(n, hops[-1]) for n in dynamic(hops[-1], "needed")]
+
+removed = 0
+for d in LIBDIRS:
+    for dirpath, dirnames, filenames in os.walk(host("/" + d)):
+        for fn in filenames:
+            rel = "/" + os.path.relpath(os.path.join(dirpath, fn), rootfs)
+            if ".so" in fn and rel not in keep:
+                os.unlink(os.path.join(dirpath, fn))
+                removed += 1
+for d in LIBDIRS:
+    for dirpath, dirnames, filenames in os.walk(host("/" + d), topdown=False):
+        if not os.listdir(dirpath) and dirpath != host("/" + d):
+            os.rmdir(dirpath)
+print(f"image.sh: kept {len(keep)} library paths ({', '.join(sorted(os.path.basename(k) for k in keep))}), "
+      f"removed {removed}", file=sys.stderr)
+EOF
 # Mount points a runtime expects; /tmp for the agent's temporary files.
 for d in proc sys dev etc run tmp var/run; do mkdir -p "$rootfs/$d"; done
 chmod 1777 "$rootfs/tmp"

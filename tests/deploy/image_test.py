@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -64,6 +65,28 @@ def reproducible(args):
         print(f"two builds identical (sha256 {a}), {size} bytes")
 
 
+def check_libraries(rootfs):
+    """Every ELF file in the image finds each library it needs inside the image (ld.so's multiarch dirs)."""
+    libdirs = ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib", "usr/lib"]
+    count = 0
+    for dirpath, _, filenames in os.walk(rootfs):
+        for fn in filenames:
+            path = os.path.join(dirpath, fn)
+            if os.path.islink(path):
+                continue
+            with open(path, "rb") as f:
+                if f.read(4) != b"\x7fELF":
+                    continue
+            out = subprocess.run(["readelf", "-d", "-W", path], capture_output=True, text=True).stdout
+            for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out):
+                if not any(os.path.exists(os.path.join(rootfs, d, lib)) for d in libdirs):
+                    fail(f"{os.path.relpath(path, rootfs)} needs {lib}, which the image lacks")
+            count += 1
+    if count < 2:
+        fail(f"only {count} ELF files in the image")
+    print(f"{count} ELF files in the image, every NEEDED library present")
+
+
 def run_in_namespaces(script, timeout=60):
     """Runs a shell script in new mount and pid namespaces (mounts private, gone when it exits)."""
     return subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-euc", script],
@@ -103,6 +126,8 @@ def run(args):
         for absent in ("bin/sh", "usr/bin/sh", "bin/bash", "usr/bin/dpkg", "usr/bin/apt", "usr/bin/apt-get"):
             if os.path.lexists(os.path.join(rootfs, absent)):
                 fail(f"the image has /{absent}")
+
+        check_libraries(rootfs)
 
         outside_version = subprocess.run([args.agent, "--version"], capture_output=True, text=True).stdout
         proc = run_in_namespaces(f"exec chroot {shlex.quote(rootfs)} /usr/bin/vfio-gpu-agent --version")
