@@ -115,7 +115,17 @@ def under(path, mount_paths):
     return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mount_paths)
 
 
-def check_overlay(c, name, spec, docs, help_info):
+def liveness_service_name(health_header):
+    """The service name the agent's health server answers liveness on (src/daemon/health_server.h)."""
+    try:
+        with open(health_header) as f:
+            m = re.search(r'kLivenessService\[\]\s*=\s*"([^"]*)"', f.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def check_overlay(c, name, spec, docs, help_info, liveness_service):
     options, envs, defaults = help_info
     where = f"[{name}]"
     by_kind = {}
@@ -217,6 +227,14 @@ def check_overlay(c, name, spec, docs, help_info):
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             got = ctr.get(probe, {}).get("grpc", {}).get("port")
             c.check(got == int(health), f"{where} {probe} gRPC port {got}, the agent's health port is {health}")
+        # Readiness asks the overall service ""; liveness and startup the agent's liveness service, or a node
+        # whose GPU is not bound would have its agent restarted forever.
+        got = ctr.get("readinessProbe", {}).get("grpc", {}).get("service", "")
+        c.check(got == "", f"{where} readinessProbe asks service {got!r}, readiness is the overall service ''")
+        for probe in ("livenessProbe", "startupProbe"):
+            got = ctr.get(probe, {}).get("grpc", {}).get("service", "")
+            c.check(liveness_service is not None and got == liveness_service,
+                    f"{where} {probe} asks service {got!r}, the agent's liveness service is {liveness_service!r}")
         c.check(ports.get("health", {}).get("containerPort") == int(health), f"{where} port 'health' is not {health}")
     if c.check(metrics is not None and metrics.isdigit() and metrics != "0",
                f"{where} `run --help` gives no --metrics-port (value {metrics}): nothing listens on the metrics port"):
@@ -313,9 +331,12 @@ def main():
         if not args.agent:
             parser.error("manifests needs --agent")
         help_info = parse_run_help(args.agent)
+        header = os.path.join(os.path.dirname(os.path.abspath(args.daemonset_dir)), "src", "daemon", "health_server.h")
+        liveness_service = liveness_service_name(header)
+        c.check(liveness_service is not None, f"no kLivenessService in {header}: which service answers liveness?")
         if c.check(help_info[0], f"`{args.agent} run --help` listed no options"):
             for overlay, docs in rendered.items():
-                check_overlay(c, overlay, OVERLAYS[overlay], docs, help_info)
+                check_overlay(c, overlay, OVERLAYS[overlay], docs, help_info, liveness_service)
 
     for f in c.failures:
         print("FAIL", f)
