@@ -412,7 +412,7 @@ def main():
         context.load_cert_chain(args.tls_cert, args.tls_key or None)
         server.socket = context.wrap_socket(server.socket, server_side=True)
         scheme = "https"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     print(f"LISTENING {scheme}://127.0.0.1:{server.server_address[1]}", flush=True)
     for line in sys.stdin:
         try:
