@@ -1,0 +1,441 @@
+// The NodeReporter against the fake API server. Time-dependent behaviour (rate limit, backoff, Retry-After)
+// runs on a FakeClock: the test reads where the worker sleeps and moves the clock, never waits real seconds.
+#include "reporter.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "api_client.h"
+#include "config.h"
+#include "fake_clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kube_api_sim.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
+#include "support/sysfs_tree.h"
+
+namespace vfio_agent::kube {
+namespace {
+
+using Json = nlohmann::json;
+using sim::KubeApiSim;
+using ::testing::HasSubstr;
+using testing::FakeClock;
+using TimePoint = Clock::TimePoint;
+using vfio_agent::testing::TempDir;
+using namespace std::chrono_literals;
+
+constexpr char kStatus[] = "/api/v1/nodes/node-a/status";
+constexpr char kNode[] = "/api/v1/nodes/node-a";
+constexpr char kEvents[] = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+const NodeCondition kReady{.ready = true, .reason = "AllDevicesReady", .message = "8 GPUs bound and registered"};
+const NodeCondition kNotBound{.ready = false, .reason = "DeviceNotBound", .message = "check binding.driver: 0000:3b:00.0"};
+
+std::vector<std::string> Statuses(const KubeApiSim& api, const std::string& method, const std::string& path) {
+  std::vector<std::string> statuses;
+  for (const sim::KubeApiRequest& request : api.Log()) {
+    if (request.method == method && request.path == path) statuses.push_back(request.status);
+  }
+  return statuses;
+}
+
+Json OurCondition(const Json& node) {
+  for (const Json& condition : node["status"]["conditions"]) {
+    if (condition["type"] == kConditionType) return condition;
+  }
+  return nullptr;
+}
+
+class ReporterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!KubeApiSim::Available()) GTEST_SKIP() << "python3 not found";
+    auto api = KubeApiSim::Start(dir_.path());
+    ASSERT_TRUE(api.ok()) << api.status();
+    api_ = *std::move(api);
+  }
+
+  std::unique_ptr<NodeReporter> Start(ReporterOptions options = {}, const std::string& node = "node-a") {
+    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
+    EXPECT_TRUE(kubeconfig.ok());
+    auto config = LoadKubeconfig(*kubeconfig);
+    EXPECT_TRUE(config.ok()) << config.status();
+    options.node_name = node;
+    return StartNodeReporter(std::make_unique<ApiClient>(*config), options);
+  }
+
+  ReporterOptions OnFakeClock() {
+    ReporterOptions options;
+    options.clock = &clock_;
+    return options;
+  }
+
+  // The worker waits for a time in the future (rate limit, backoff, Retry-After): everything it could send
+  // before is in the log.
+  std::optional<TimePoint> WaitForTimedSleep() {
+    std::optional<TimePoint> until;
+    KubeApiSim::WaitFor([&] {
+      until = clock_.SleepingUntil();
+      return until && *until != TimePoint::max();
+    });
+    return until;
+  }
+
+  bool WaitForIdle() {
+    return KubeApiSim::WaitFor([&] { return clock_.SleepingUntil() == TimePoint::max(); });
+  }
+
+  TempDir dir_;
+  std::unique_ptr<KubeApiSim> api_;
+  FakeClock clock_;
+};
+
+TEST_F(ReporterTest, ConditionPatchedOnlyWhenItChanges) {
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  for (int i = 0; i < 5; ++i) reporter->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  ASSERT_TRUE(WaitForIdle());
+  const Json first = OurCondition(*api_->Node("node-a"));
+  EXPECT_EQ(first["status"], "True");
+  EXPECT_EQ(first["reason"], "AllDevicesReady");
+  EXPECT_EQ(first["message"], kReady.message);
+
+  // Same status, new reason: lastTransitionTime stays, the heartbeat moves.
+  clock_.Advance(5s);
+  reporter->SetCondition({.ready = true, .reason = "AllDevicesReady", .message = "7 GPUs bound and registered"});
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 2; }));
+  const Json second = OurCondition(*api_->Node("node-a"));
+  EXPECT_EQ(second["lastTransitionTime"], first["lastTransitionTime"]);
+  EXPECT_NE(second["lastHeartbeatTime"], first["lastHeartbeatTime"]);
+
+  clock_.Advance(5s);
+  reporter->SetCondition(kNotBound);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 3; }));
+  ASSERT_TRUE(WaitForIdle());
+  const Json third = OurCondition(*api_->Node("node-a"));
+  EXPECT_EQ(third["status"], "False");
+  EXPECT_NE(third["lastTransitionTime"], first["lastTransitionTime"]);
+  // One GET for the node, one PATCH per change, all with the strategic merge content type.
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"200", "200", "200"}));
+  EXPECT_EQ(api_->Count("GET", kNode), 1u);
+  for (const sim::KubeApiRequest& request : api_->Log()) {
+    if (request.method == "PATCH") EXPECT_EQ(request.content_type, "application/strategic-merge-patch+json");
+  }
+  EXPECT_EQ((*api_->Node("node-a"))["status"]["conditions"].size(), 2u);  // the kubelet's Ready is kept
+}
+
+TEST_F(ReporterTest, ConditionAlreadyOnTheNodeIsNotPatchedAgain) {
+  {
+    auto first = Start(OnFakeClock());
+    first->SetCondition(kReady);
+    ASSERT_TRUE(KubeApiSim::WaitFor([&] { return first->Stats().condition_patches == 1; }));
+  }
+  auto restarted = Start(OnFakeClock());  // an agent restart in the same state
+  restarted->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("GET", kNode) == 2; }));
+  ASSERT_TRUE(WaitForIdle());
+  EXPECT_EQ(restarted->Stats().condition_patches, 0u);
+  EXPECT_EQ(api_->Count("PATCH", kStatus), 1u);
+}
+
+TEST_F(ReporterTest, SteadyStateSendsNothing) {
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound to vfio-pci");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
+  ASSERT_TRUE(WaitForIdle());
+  const size_t requests = api_->Log().size();
+  for (int minute = 0; minute < 60; ++minute) {
+    clock_.Advance(1min);
+    reporter->SetCondition(kReady);
+  }
+  ASSERT_TRUE(WaitForIdle());
+  EXPECT_EQ(api_->Log().size(), requests);
+  EXPECT_EQ(reporter->Stats().requests, requests);
+}
+
+TEST_F(ReporterTest, RepeatsBecomeAnEventSeries) {
+  auto reporter = Start(OnFakeClock());
+  const std::string note = "0000:3b:00.0 held by nvidia-persistenced (pid 4242)";
+  reporter->RecordEvent(EventType::kWarning, "BindBlocked", note);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(1s);
+    reporter->RecordEvent(EventType::kWarning, "BindBlocked", note);
+  }
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] {
+    auto events = api_->Events();
+    return events.ok() && events->size() == 1 && (*events)[0].contains("series") && (*events)[0]["series"]["count"] == 4;
+  }));
+  EXPECT_EQ(api_->Count("POST", kEvents), 1u);
+  EXPECT_GE(api_->Count("PATCH", kEvents, "200"), 1u);
+  EXPECT_EQ(reporter->Stats().events_created, 1u);
+  EXPECT_GE(reporter->Stats().events_updated, 1u);
+
+  const Json event = (*api_->Events())[0];
+  const Json node = *api_->Node("node-a");
+  EXPECT_EQ(event["regarding"]["kind"], "Node");
+  EXPECT_EQ(event["regarding"]["name"], "node-a");
+  EXPECT_EQ(event["regarding"]["uid"], node["metadata"]["uid"]);
+  EXPECT_EQ(event["reportingController"], "vfio-gpu-agent");
+  EXPECT_EQ(event["reportingInstance"], "node-a");
+  EXPECT_EQ(event["type"], "Warning");
+  EXPECT_EQ(event["reason"], "BindBlocked");
+  EXPECT_EQ(event["note"], note);
+
+  // A different note is a different event.
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 2; }));
+  EXPECT_EQ(api_->Count("POST", kEvents, "201"), 2u);
+}
+
+TEST_F(ReporterTest, LongNoteIsCutToTheApiLimit) {
+  auto reporter = Start(OnFakeClock());
+  reporter->RecordEvent(EventType::kWarning, "ValidationFailed", std::string(3000, 'n'));
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
+  EXPECT_EQ((*api_->Events())[0]["note"].get<std::string>().size(), 1024u);
+}
+
+TEST_F(ReporterTest, WritesBurstTenThenOnePerSecond) {
+  auto reporter = Start(OnFakeClock());
+  for (int i = 0; i < 15; ++i) reporter->RecordEvent(EventType::kNormal, "DeviceRecovered", absl::StrCat("device ", i));
+  std::optional<TimePoint> until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(api_->Count("POST", kEvents), 10u);
+  EXPECT_EQ(*until, TimePoint() + 1s);  // the next token
+
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("POST", kEvents) == 11; }));
+  ASSERT_TRUE(WaitForTimedSleep());
+  clock_.Advance(500ms);
+  until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(*until, TimePoint() + 2s);
+  EXPECT_EQ(api_->Count("POST", kEvents), 11u);
+  clock_.Advance(500ms);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("POST", kEvents) == 12; }));
+  clock_.Advance(3s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 15; }));
+  EXPECT_EQ(api_->Count("POST", kEvents, "201"), 15u);
+}
+
+TEST_F(ReporterTest, QueueIsBoundedAndDropsAreCounted) {
+  ReporterOptions options = OnFakeClock();
+  options.queue_limit = 4;
+  ASSERT_TRUE(api_->Control("hang * / -1").ok());  // the worker is stuck in its first request
+  auto reporter = Start(options);
+  reporter->RecordEvent(EventType::kNormal, "R", "first");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("GET", kNode, "hang") == 1; }));
+  for (int i = 0; i < 10; ++i) reporter->RecordEvent(EventType::kNormal, "R", absl::StrCat("n", i));
+  reporter->RecordEvent(EventType::kNormal, "R", "first");  // a repeat joins the queued one: not a drop
+  EXPECT_EQ(reporter->Stats().events_dropped, 7u);
+  reporter.reset();  // returns although its request hangs
+  ASSERT_TRUE(api_->Control("release").ok());
+}
+
+TEST_F(ReporterTest, ApiDownTheWholeTimeNeverBlocksCallers) {
+  ClusterConfig nowhere{.server = "http://127.0.0.1:1", .token = "t"};
+  ReporterOptions options = OnFakeClock();
+  options.node_name = "node-a";
+  auto reporter = StartNodeReporter(std::make_unique<ApiClient>(nowhere), options);
+  for (int i = 0; i < 1000; ++i) {
+    reporter->SetCondition(i % 2 ? kReady : kNotBound);
+    reporter->RecordEvent(EventType::kWarning, "DeviceLost", absl::StrCat("device ", i % 100));
+  }
+  // Backoff doubles: 1 s, 2 s, 4 s after the first, second and third failure.
+  std::optional<TimePoint> until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(*until, TimePoint() + 1s);
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().failures == 2; }));
+  until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(*until, TimePoint() + 3s);
+  clock_.Advance(2s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().failures == 3; }));
+  until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(*until, TimePoint() + 7s);
+  EXPECT_EQ(reporter->Stats().requests, 3u);
+  // Devices 64..99 found the queue full each of the ten times they were recorded.
+  EXPECT_EQ(reporter->Stats().events_dropped, 36u * 10u);
+  auto labels = reporter->NodeLabels(2s);
+  EXPECT_TRUE(absl::IsUnavailable(labels.status())) << labels.status();
+  EXPECT_THAT(labels.status().message(), HasSubstr("http://127.0.0.1:1/api/v1/nodes/node-a"));
+}
+
+TEST_F(ReporterTest, ServerErrorsAreRetriedWithBackoffAndLoggedOnce) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  ASSERT_TRUE(api_->Control("fail PATCH /api/v1/nodes 503 3").ok());
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  for (auto backoff : {1s, 2s, 4s}) {
+    ASSERT_TRUE(WaitForTimedSleep());
+    clock_.Advance(backoff);
+  }
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"503", "503", "503", "200"}));
+  EXPECT_EQ(reporter->Stats().failures, 3u);
+  const std::string text = log.str();
+  size_t warnings = 0;
+  for (size_t at = text.find("server error (5xx)"); at != std::string::npos; at = text.find("server error (5xx)", at + 1)) ++warnings;
+  EXPECT_EQ(warnings, 1u) << text;
+  EXPECT_THAT(text, HasSubstr("succeed again"));
+}
+
+TEST_F(ReporterTest, TooManyRequestsHonoursRetryAfter) {
+  ASSERT_TRUE(api_->Control("fail PATCH /api/v1/nodes 429 1 7").ok());
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  std::optional<TimePoint> until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(*until, TimePoint() + 7s);
+  clock_.Advance(6s);
+  until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_EQ(api_->Count("PATCH", kStatus), 1u);
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"429", "200"}));
+}
+
+TEST_F(ReporterTest, ConnectionCutMidRequestIsRetried) {
+  ASSERT_TRUE(api_->Control("cut POST /apis/events.k8s.io 1").ok());
+  auto reporter = Start(OnFakeClock());
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound");
+  ASSERT_TRUE(WaitForTimedSleep());
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
+  EXPECT_EQ(Statuses(*api_, "POST", kEvents), (std::vector<std::string>{"cut", "201"}));
+}
+
+TEST_F(ReporterTest, ConflictReadsTheNodeAgainAndRetries) {
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  ASSERT_TRUE(api_->Control("touch-node node-a").ok());  // another writer: our resourceVersion is stale
+  reporter->SetCondition(kNotBound);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 2; }));
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"200", "409", "200"}));
+  EXPECT_EQ(api_->Count("GET", kNode), 2u);
+  EXPECT_EQ(OurCondition(*api_->Node("node-a"))["reason"], "DeviceNotBound");
+}
+
+TEST_F(ReporterTest, MissingNodeIsRetriedUntilItExists) {
+  auto reporter = Start(OnFakeClock(), "node-new");
+  reporter->SetCondition(kReady);
+  ASSERT_TRUE(WaitForTimedSleep());
+  EXPECT_EQ(Statuses(*api_, "GET", "/api/v1/nodes/node-new"), std::vector<std::string>{"404"});
+  ASSERT_TRUE(api_->Control("node node-new").ok());
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+}
+
+TEST_F(ReporterTest, RejectedTokenRecoversWhenTheTokenFileRotates) {
+  const auto token_file = dir_.path() / "token";
+  std::ofstream(token_file) << api_->token();
+  ClusterConfig config{.server = api_->url(), .token_file = token_file};
+  ReporterOptions options = OnFakeClock();
+  options.node_name = "node-a";
+  auto reporter = StartNodeReporter(std::make_unique<ApiClient>(config), options);
+  ASSERT_TRUE(reporter->NodeLabels(10s).ok());
+
+  // The server moved on to a new token before the kubelet rotated ours: 401, backoff.
+  ASSERT_TRUE(api_->Control("token rotated-1").ok());
+  reporter->SetCondition(kReady);
+  ASSERT_TRUE(WaitForTimedSleep());
+  EXPECT_EQ(Statuses(*api_, "GET", kNode).back(), "401");
+  { std::ofstream(dir_.path() / "token.new") << "rotated-1"; }
+  std::filesystem::rename(dir_.path() / "token.new", token_file);
+  clock_.Advance(1s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+
+  // A rotation the file's metadata does not show (same inode, size, mtime): the 401 itself makes us re-read.
+  struct stat before {};
+  ASSERT_EQ(::stat(token_file.c_str(), &before), 0);
+  ASSERT_TRUE(api_->Control("token rotated-2").ok());
+  { std::fstream(token_file, std::ios::in | std::ios::out) << "rotated-2"; }
+  const timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, token_file.c_str(), times, 0), 0);
+  reporter->SetCondition(kNotBound);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 2; }));
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"200", "401", "200"}));
+}
+
+TEST_F(ReporterTest, NodeLabelsAndKubevirtCrs) {
+  ASSERT_TRUE(api_->Control(R"(node node-b {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"})").ok());
+  auto reporter = Start({}, "node-b");
+  auto labels = reporter->NodeLabels(10s);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(labels->at("nvidia.com/gpu.deploy.sandbox-device-plugin"), "true");
+
+  ASSERT_TRUE(api_->Control(R"(kubevirts [{"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"}, "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [{"pciVendorSelector": "10DE:2335", "resourceName": "nvidia.com/GH100_H200", "externalResourceProvider": true}]}}}}])").ok());
+  auto crs = reporter->KubevirtCrs(10s);
+  ASSERT_TRUE(crs.ok()) << crs.status();
+  Json list = Json::parse(*crs);
+  ASSERT_EQ(list["items"].size(), 1u);
+  EXPECT_EQ(list["items"][0]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"][0]["resourceName"],
+            "nvidia.com/GH100_H200");
+
+  ASSERT_TRUE(api_->Control("no-kubevirt").ok());
+  EXPECT_TRUE(absl::IsNotFound(reporter->KubevirtCrs(10s).status()));
+  ASSERT_TRUE(api_->Control("fail GET /api/v1/nodes 403 1").ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(reporter->NodeLabels(10s).status()));
+  EXPECT_EQ(reporter->Stats().requests, 4u);
+  EXPECT_EQ(reporter->Stats().failures, 2u);  // the 404 and the 403
+}
+
+TEST_F(ReporterTest, ReadsGiveUpAtTheirTimeout) {
+  ASSERT_TRUE(api_->Control("hang GET /api/v1/nodes 1").ok());
+  auto reporter = Start();
+  auto labels = reporter->NodeLabels(300ms);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(labels.status())) << labels.status();
+  ASSERT_TRUE(api_->Control("release").ok());
+}
+
+TEST(InClusterTlsTest, ServiceAccountOverHttpsWithTokenRotation) {
+  if (!KubeApiSim::Available(/*tls=*/true)) GTEST_SKIP() << "python3 or openssl not found";
+  TempDir dir;
+  auto api = KubeApiSim::Start(dir.path(), {.tls = true});
+  ASSERT_TRUE(api.ok()) << api.status();
+  const auto sa = dir.path() / "serviceaccount";
+  std::filesystem::create_directories(sa);
+  std::filesystem::copy_file((*api)->ca_file(), sa / "ca.crt");
+  std::ofstream(sa / "token") << (*api)->token() << "\n";
+  const std::string url = (*api)->url();
+  const std::string port = url.substr(url.rfind(':') + 1);
+
+  ::setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", port.c_str(), 1);
+  auto reporter = ConnectNodeReporter({.service_account_dir = sa, .node_name = "node-a"});
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  ::unsetenv("KUBERNETES_SERVICE_PORT");
+  ASSERT_TRUE(reporter.ok()) << reporter.status();
+  EXPECT_EQ((*api)->Log().size(), 0u);  // connecting does not contact the server
+  ASSERT_TRUE((*reporter)->NodeLabels(10s).ok());
+
+  ASSERT_TRUE((*api)->Control("token projected-2").ok());
+  { std::ofstream(sa / "token.new") << "projected-2\n"; }
+  std::filesystem::rename(sa / "token.new", sa / "token");
+  (*reporter)->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return (*reporter)->Stats().condition_patches == 1; }));
+  EXPECT_EQ((*api)->Count("", "/", "401"), 0u);
+
+  // The server's certificate is checked: without its CA (the system store) the request fails.
+  ApiClient untrusted(ClusterConfig{.server = url, .token = "projected-2"});
+  auto refused = untrusted.Send("GET", "/api/v1/nodes/node-a", "", "", 10s);
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+}
+
+}  // namespace
+}  // namespace vfio_agent::kube
