@@ -1,0 +1,45 @@
+#!/bin/bash
+# Builds the libFuzzer targets of tests/fuzz (clang, ASan+UBSan, build/fuzz) and runs each for SECONDS with
+# libFuzzer's -max_total_time, starting from tests/fuzz/corpus/<target>/ (new inputs go to a temporary
+# directory; the checked-in seeds are not changed). Prints each target's closing line; exits non-zero if any
+# target crashed, leaked or timed out, and leaves the reproducer in build/fuzz/artifacts/.
+# Usage: scripts/fuzz.sh [SECONDS] [target-filter]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-20}
+filter=${2:-}
+build=build/fuzz
+if [ ! -f "$build/build.ninja" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVFIO_AGENT_FUZZ=ON >/dev/null
+fi
+# Only the fuzz targets and what they link (no gRPC servers, tests or simulators' FUSE binaries).
+if ! nice -n 10 ninja -C "$build" -j "${FUZZ_JOBS:-2}" fuzz_targets >"$build/fuzz-build.log" 2>&1; then
+  grep -E "error|FAILED" "$build/fuzz-build.log" | head -20
+  echo "fuzz: build failed (log: $build/fuzz-build.log)"
+  exit 1
+fi
+mkdir -p "$build/artifacts"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
+for bin in "$build"/tests/fuzz/fuzz_*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+  mkdir -p "$work/$name"
+  log="$work/$name.log"
+  rc=0
+  "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+    -artifact_prefix="$build/artifacts/$name-" "$work/$name" "tests/fuzz/corpus/$name" >"$log" 2>&1 || rc=$?
+  # libFuzzer's last line: "Done N runs in S second(s)" on success, the sanitizer's summary otherwise.
+  closing=$(grep -E "^Done [0-9]+ runs|SUMMARY:|^==[0-9]+== ?ERROR|Test unit written" "$log" | tail -1 || true)
+  [ -n "$closing" ] || closing=$(tail -1 "$log")
+  if [ "$rc" -ne 0 ]; then
+    failed=1
+    echo "$name: FAILED (exit $rc): $closing"
+    grep -E "ERROR|SUMMARY|Test unit written|#[0-9]+ 0x" "$log" | head -20 | sed 's/^/    /'
+  else
+    echo "$name: $closing (corpus $(ls "$work/$name" | wc -l) new inputs)"
+  fi
+done
+exit $failed
