@@ -77,14 +77,14 @@ class ReporterTest : public ::testing::Test {
   }
 
   // The worker waits for a time in the future (rate limit, backoff, Retry-After): everything it could send
-  // before is in the log.
+  // before is in the log. A sleep whose deadline the clock already passed is one it is waking from.
   std::optional<TimePoint> WaitForTimedSleep() {
     std::optional<TimePoint> until;
-    KubeApiSim::WaitFor([&] {
+    const bool sleeping = KubeApiSim::WaitFor([&] {
       until = clock_.SleepingUntil();
-      return until && *until != TimePoint::max();
+      return until && *until != TimePoint::max() && *until > clock_.Now();
     });
-    return until;
+    return sleeping ? until : std::nullopt;
   }
 
   bool WaitForIdle() {
