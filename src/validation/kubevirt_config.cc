@@ -79,8 +79,10 @@ std::string CozystackValuesYaml(const std::vector<PermittedEntry>& entries) {
   }
   if (!present.empty()) absl::StrAppend(&header, "\nAlready in Cozystack's default table (nothing to add):", present);
   if (!shadowed.empty()) {
-    absl::StrAppend(&header, "\nSame selector, other name in the default table (both entries stay; only resourceName "
-                             "matters with externalResourceProvider):", shadowed);
+    absl::StrAppend(&header,
+                    "\nRenamed here (--resource-name), so the default table's entry does not match:", shadowed,
+                    "\nAppending the entry below lists that selector twice, which Cozystack resolves "
+                    "non-deterministically:\ndrop the override, or set gpu.replaceDefaults: true and list every GPU.");
   }
   if (missing.empty()) absl::StrAppend(&header, "\nNothing to add: every GPU here is in the default table.");
 

@@ -1,0 +1,102 @@
+// `kubevirt-config`: the permittedHostDevices entries KubeVirt needs for this node's GPUs (or for given ids).
+#include <charconv>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/validation/kubevirt_config.h"
+
+namespace vfio_agent::cli {
+namespace {
+
+std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
+  return {
+      {"ids", "VID:DID,...", "these device ids instead of the host's selected GPUs (the host is not read)", "", true},
+      {"format", "F", "cozystack (platform values, only entries missing from the default table) or kubevirt-patch "
+                      "(merge patch for a plain KubeVirt CR, every entry)", "cozystack"},
+  };
+}
+
+absl::StatusOr<std::pair<uint16_t, uint16_t>> ParseId(std::string_view text) {
+  const size_t colon = text.find(':');
+  uint16_t ids[2] = {0, 0};
+  const std::string_view parts[2] = {text.substr(0, colon), colon == std::string_view::npos ? "" : text.substr(colon + 1)};
+  for (int i = 0; i < 2; ++i) {
+    auto [end, ec] = std::from_chars(parts[i].data(), parts[i].data() + parts[i].size(), ids[i], 16);
+    if (parts[i].size() != 4 || ec != std::errc() || end != parts[i].data() + parts[i].size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ids \"", std::string(text), "\" is not a VID:DID pair of 4-digit hex ids (e.g. 10de:2335)"));
+    }
+  }
+  return std::make_pair(ids[0], ids[1]);
+}
+
+absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromFlags(const FlagValues& flags) {
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& value : flags.All("ids")) {
+    size_t start = 0;
+    while (start <= value.size()) {
+      const size_t comma = std::min(value.find(',', start), value.size());
+      if (comma > start) {
+        auto id = ParseId(std::string_view(value).substr(start, comma - start));
+        if (!id.ok()) return id.status();
+        ids.push_back(*id);
+      }
+      start = comma + 1;
+    }
+  }
+  return ids;
+}
+
+// The selected GPUs' ids, read-only, exactly as `serve` selects them.
+absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const CommonOptions& common) {
+  auto inventory = pci::Scan(common.paths.sysfs_root,
+                             {.detail_vendor = common.policy.vendor_id, .driver_override = false});
+  if (!inventory.ok()) return inventory.status();
+  const pci::Selection selection = pci::Select(*inventory, common.policy);
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& bdf : selection.gpus) {
+    if (const pci::Function* fn = inventory->Find(bdf)) ids.emplace_back(fn->vendor_id, fn->device_id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
+  ParsedCommand cmd;
+  if (auto exit = ParseCommand(
+          "kubevirt-config",
+          "Prints the permittedHostDevices.pciHostDevices entries KubeVirt needs for this node's GPUs (or for\n"
+          "--ids): as Cozystack platform values, marking what Cozystack's default table already has, or as a\n"
+          "merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there is no GPU to describe.",
+          KubevirtConfigFlagSpecs(), args, out, &cmd)) {
+    return *exit;
+  }
+  const std::string format = cmd.flags.Get("format", "cozystack");
+  if (format != "cozystack" && format != "kubevirt-patch") {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --format \"" << format
+              << "\" is not one of cozystack, kubevirt-patch\n";
+    return kExitUsage;
+  }
+  auto ids = cmd.flags.Has("ids") ? IdsFromFlags(cmd.flags) : IdsFromHost(cmd.common);
+  if (!ids.ok()) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: " << ids.status().message() << "\n";
+    return cmd.flags.Has("ids") ? kExitUsage : kExitError;
+  }
+  // pci.ids is read only for an id without a pinned or overridden name.
+  auto db = LazyNameDatabase(cmd.common);
+  names::NameResolver resolver(db.get(), cmd.common.resource_domain, cmd.common.name_overrides);
+  const auto entries = validation::PermittedEntries(*ids, resolver);
+  out << (format == "cozystack" ? validation::CozystackValuesYaml(entries)
+                                : validation::KubevirtMergePatchYaml(entries));
+  if (entries.empty()) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: no GPU selected on this node (see `vfio-gpu-agent inspect`)\n";
+    return kExitNotReady;
+  }
+  return kExitOk;
+}
+
+}  // namespace vfio_agent::cli
