@@ -10,7 +10,8 @@
 #   --out    where the archive goes (default build/image)
 # Environment: VA_DEBIAN_MIRROR (default http://deb.debian.org/debian; snapshot.debian.org/archive/debian/<time>
 # pins every package), VA_DEBIAN_SECURITY (default http://deb.debian.org/debian-security, empty: none),
-# SOURCE_DATE_EPOCH (default: the commit time of HEAD). Needs root, mmdebstrap, python3, and the mirror;
+# SOURCE_DATE_EPOCH (default: the commit time of HEAD), VA_SOURCE_REVISION (default: HEAD's hash; the image's
+# revision label). Needs root, mmdebstrap, python3, and the mirror;
 # downloaded packages are kept in build/image-cache.
 # Prints the archive's size, then its path as the last line.
 set -euo pipefail
@@ -29,7 +30,7 @@ mirror=${VA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${VA_DEBIAN_SECURITY-http://deb.debian.org/debian-security}
 cache=$PWD/build/image-cache
 : "${SOURCE_DATE_EPOCH:=$(git log -1 --format=%ct 2>/dev/null || true)}"
-revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+revision=${VA_SOURCE_REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 if ! [[ "$SOURCE_DATE_EPOCH" =~ ^[0-9]+$ ]]; then
   echo "image.sh: not a git checkout: set SOURCE_DATE_EPOCH (seconds) for the image's timestamps" >&2
   exit 2

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,8 +53,20 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def freeze_inputs(args, tmp):
+    """One agent binary and one commit for the whole test: other builds and commits in the same checkout may
+    replace the binary or move HEAD while it runs."""
+    frozen = os.path.join(tmp, "vfio-gpu-agent")
+    shutil.copy2(args.agent, frozen)
+    args.agent = frozen
+    git = lambda *a: subprocess.run(["git", "-C", args.source_dir, *a], capture_output=True, text=True).stdout.strip()
+    os.environ.setdefault("SOURCE_DATE_EPOCH", git("log", "-1", "--format=%ct"))
+    os.environ.setdefault("VA_SOURCE_REVISION", git("rev-parse", "HEAD"))
+
+
 def reproducible(args):
     with tempfile.TemporaryDirectory() as tmp:
+        freeze_inputs(args, tmp)
         first = build_image(args.source_dir, args.agent, os.path.join(tmp, "a"))
         second = build_image(args.source_dir, args.agent, os.path.join(tmp, "b"))
         a, b = sha256(first), sha256(second)
@@ -104,6 +117,7 @@ def start_sim(sim_binary, node, root):
 
 def run(args):
     with tempfile.TemporaryDirectory() as tmp:
+        freeze_inputs(args, tmp)
         archive = build_image(args.source_dir, args.agent, os.path.join(tmp, "out"))
         layout = os.path.join(tmp, "oci")
         os.mkdir(layout)
