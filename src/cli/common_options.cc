@@ -53,6 +53,9 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
   options.policy.include_nvswitches = flags.GetBool("nvswitches");
 
   options.resource_domain = flags.Get("resource-domain", "nvidia.com");
+  if (absl::Status domain = names::ValidateResourceDomain(options.resource_domain); !domain.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--resource-domain: ", domain.message()));
+  }
   if (flags.Has("resource-name-file")) {
     auto overrides = names::LoadOverrideFile(flags.Get("resource-name-file"));
     if (!overrides.ok()) return overrides.status();

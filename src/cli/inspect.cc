@@ -12,6 +12,7 @@
 #include "vfio_gpu_agent/binding/plan.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/plugin/devices.h"
 
 namespace vfio_agent::cli {
 namespace {
@@ -64,14 +65,16 @@ absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& optio
   if (!chooser.ok()) return chooser.status();
   binding::Plan plan = binding::MakePlan(*inventory, selection, *chooser);
 
-  // Names are resolved over every advertised device id at once so collisions are seen and fixed.
-  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  // First over the GPUs, exactly as `serve` resolves them (so both print the same names); NVSwitches, never
+  // advertised, are fitted around those names afterwards.
+  names::NameResolver resolver(db, options.resource_domain, options.name_overrides);
+  auto resolved = resolver.Resolve(plugin::AdvertisableIds(*inventory, selection));
+  std::vector<std::pair<uint16_t, uint16_t>> switches;
   for (const auto& bdf : selection.gpus) {
     const pci::Function* fn = inventory->Find(bdf);
-    ids.emplace_back(fn->vendor_id, fn->device_id);
+    if (selection.RoleOf(bdf) == pci::Role::kNvSwitch) switches.emplace_back(fn->vendor_id, fn->device_id);
   }
-  names::NameResolver resolver(db, options.resource_domain, options.name_overrides);
-  auto resolved = resolver.Resolve(ids);
+  resolved.merge(resolver.Resolve(switches));
 
   rpt::InspectReport report;
   report.set_schema(kInspectSchema);

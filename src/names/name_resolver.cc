@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -61,7 +62,8 @@ struct Candidate {
   std::vector<std::string> issues;
 };
 
-void SeparateCollisions(std::map<uint32_t, Candidate>& candidates) {
+// `fixed` names were given earlier and never change: an id sharing one always moves.
+void SeparateCollisions(std::map<uint32_t, Candidate>& candidates, const std::set<uint32_t>& fixed) {
   for (int round = 0; round < kMaxCollisionRounds; ++round) {
     std::map<std::string, std::vector<uint32_t>> keys_by_name;
     for (const auto& [key, candidate] : candidates) keys_by_name[candidate.resolved.name].push_back(key);
@@ -77,6 +79,9 @@ void SeparateCollisions(std::map<uint32_t, Candidate>& candidates) {
                    [&](uint32_t key) { return Strength(source_of(key)) == strongest; });
       std::optional<uint32_t> keeper;
       if (strongest_keys.size() == 1 && MayKeepName(source_of(strongest_keys.front()))) keeper = strongest_keys.front();
+      for (uint32_t key : keys) {
+        if (fixed.contains(key)) keeper = key;
+      }
 
       std::multiset<uint16_t> device_ids;
       std::vector<std::string> sharers;
@@ -96,7 +101,7 @@ void SeparateCollisions(std::map<uint32_t, Candidate>& candidates) {
                                  ? absl::StrCat("_", UpperHex(r.device_id))
                                  : absl::StrCat("_", UpperHex(r.vendor_id), "_", UpperHex(r.device_id));
         std::string renamed_to = WithSuffix(r.name, suffix);
-        candidates.at(key).issues.push_back(absl::StrCat("name \"", name, "\" is shared on this node by ", shared_by,
+        candidates.at(key).issues.push_back(absl::StrCat("name \"", name, "\" is shared by ", shared_by,
                                                          "; registered as \"", renamed_to, "\""));
         r.name = std::move(renamed_to);
         renamed = true;
@@ -108,57 +113,89 @@ void SeparateCollisions(std::map<uint32_t, Candidate>& candidates) {
 
 }  // namespace
 
+struct NameResolver::Given {
+  std::mutex mu;
+  bool universe_resolved = false;
+  std::map<uint32_t, ResolvedName> names;
+};
+
 NameResolver::NameResolver(const PciIdsDatabase* db, std::string domain, std::vector<NameOverride> overrides)
-    : db_(db), domain_(std::move(domain)), overrides_(std::move(overrides)) {}
+    : db_(db), domain_(std::move(domain)), overrides_(std::move(overrides)), given_(std::make_shared<Given>()) {}
 
 std::map<uint32_t, ResolvedName> NameResolver::Resolve(const std::vector<std::pair<uint16_t, uint16_t>>& ids) const {
-  std::map<uint32_t, std::string> override_by_key;
-  for (const NameOverride& o : overrides_) override_by_key[NameKey(o.vendor_id, o.device_id)] = o.name;
-  const auto& pinned = PinnedNames();
+  std::lock_guard lock(given_->mu);
+  std::map<uint32_t, ResolvedName>& given = given_->names;
 
-  std::map<uint32_t, Candidate> candidates;
+  std::vector<std::pair<uint16_t, uint16_t>> fresh;
   for (const auto& [vendor, device] : ids) {
-    uint32_t key = NameKey(vendor, device);
-    if (candidates.contains(key)) continue;
-    Candidate& c = candidates[key];
-    ResolvedName& r = c.resolved;
-    r.vendor_id = vendor;
-    r.device_id = device;
-    auto pinned_it = vendor == kNvidiaVendor ? pinned.find(device) : pinned.end();
-    if (auto it = override_by_key.find(key); it != override_by_key.end()) {
-      r.name = it->second;
-      r.source = NameSource::kOverride;
-    } else if (pinned_it != pinned.end()) {
-      r.name = pinned_it->second;
-      r.source = NameSource::kPinned;
-    } else {
-      // The only lookup: a node whose GPUs all have pinned or overridden names never needs pci.ids loaded.
-      if (db_ != nullptr) r.pci_ids_name = db_->DeviceName(vendor, device).value_or("");
-      r.name = Slug(r.pci_ids_name);
-      r.source = NameSource::kPciIds;
-      if (r.name.empty()) {
-        r.name = LowerHex(device);
-        r.source = NameSource::kDeviceId;
+    if (!given.contains(NameKey(vendor, device))) fresh.emplace_back(vendor, device);
+  }
+  if (!given_->universe_resolved) {
+    given_->universe_resolved = true;
+    for (const auto& [device, name] : PinnedNames()) fresh.emplace_back(kNvidiaVendor, device);
+    for (const NameOverride& o : overrides_) fresh.emplace_back(o.vendor_id, o.device_id);
+  }
+  if (!fresh.empty()) {
+    std::map<uint32_t, std::string> override_by_key;
+    for (const NameOverride& o : overrides_) override_by_key[NameKey(o.vendor_id, o.device_id)] = o.name;
+    const auto& pinned = PinnedNames();
+
+    std::map<uint32_t, Candidate> candidates;
+    std::set<uint32_t> fixed;
+    for (const auto& [key, name] : given) {
+      candidates[key].resolved = name;
+      fixed.insert(key);
+    }
+    for (const auto& [vendor, device] : fresh) {
+      uint32_t key = NameKey(vendor, device);
+      if (candidates.contains(key)) continue;
+      Candidate& c = candidates[key];
+      ResolvedName& r = c.resolved;
+      r.vendor_id = vendor;
+      r.device_id = device;
+      auto pinned_it = vendor == kNvidiaVendor ? pinned.find(device) : pinned.end();
+      if (auto it = override_by_key.find(key); it != override_by_key.end()) {
+        r.name = it->second;
+        r.source = NameSource::kOverride;
+      } else if (pinned_it != pinned.end()) {
+        r.name = pinned_it->second;
+        r.source = NameSource::kPinned;
+      } else {
+        // The only lookup: a node whose GPUs all have pinned or overridden names never needs pci.ids loaded.
+        if (db_ != nullptr) r.pci_ids_name = db_->DeviceName(vendor, device).value_or("");
+        r.name = Slug(r.pci_ids_name);
+        r.source = NameSource::kPciIds;
+        if (r.name.empty()) {
+          r.name = LowerHex(device);
+          r.source = NameSource::kDeviceId;
+        }
+      }
+
+      if (absl::Status valid = ValidateResourceNamePart(r.name); !valid.ok()) {
+        std::string repaired = RepairNamePart(r.name, device);
+        c.issues.push_back(absl::StrCat(NameSourceName(r.source), " name \"", r.name, "\" for ",
+                                        IdText(vendor, device), " is invalid (", valid.message(), "); using \"",
+                                        repaired, "\""));
+        r.name = std::move(repaired);
       }
     }
 
-    if (absl::Status valid = ValidateResourceNamePart(r.name); !valid.ok()) {
-      std::string repaired = RepairNamePart(r.name, device);
-      c.issues.push_back(absl::StrCat(NameSourceName(r.source), " name \"", r.name, "\" for ", IdText(vendor, device),
-                                      " is invalid (", valid.message(), "); using \"", repaired, "\""));
-      r.name = std::move(repaired);
+    SeparateCollisions(candidates, fixed);
+
+    absl::Status domain_valid = ValidateResourceDomain(domain_);
+    for (auto& [key, c] : candidates) {
+      if (fixed.contains(key)) continue;
+      if (!domain_valid.ok()) c.issues.push_back(std::string(domain_valid.message()));
+      c.resolved.resource_name = absl::StrCat(domain_, "/", c.resolved.name);
+      c.resolved.issue = absl::StrJoin(c.issues, "; ");
+      given.emplace(key, std::move(c.resolved));
     }
   }
 
-  SeparateCollisions(candidates);
-
-  absl::Status domain_valid = ValidateResourceDomain(domain_);
   std::map<uint32_t, ResolvedName> resolved;
-  for (auto& [key, c] : candidates) {
-    if (!domain_valid.ok()) c.issues.push_back(std::string(domain_valid.message()));
-    c.resolved.resource_name = absl::StrCat(domain_, "/", c.resolved.name);
-    c.resolved.issue = absl::StrJoin(c.issues, "; ");
-    resolved.emplace(key, std::move(c.resolved));
+  for (const auto& [vendor, device] : ids) {
+    const uint32_t key = NameKey(vendor, device);
+    resolved.emplace(key, given.at(key));
   }
   return resolved;
 }

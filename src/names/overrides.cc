@@ -13,6 +13,8 @@
 namespace vfio_agent::names {
 namespace {
 
+// Thousands of lines at most in practice; anything near this is not an override file.
+constexpr size_t kMaxOverrideFileBytes = 1024 * 1024;
 constexpr std::string_view kExpected = "expected VENDOR:DEVICE=NAME, e.g. 10de:2335=GH100_H200_SXM_141GB";
 
 std::optional<uint16_t> ParseHexId(std::string_view text) {
@@ -52,7 +54,7 @@ absl::StatusOr<NameOverride> ParseOverride(std::string_view text) {
 }
 
 absl::StatusOr<std::vector<NameOverride>> LoadOverrideFile(const std::filesystem::path& path) {
-  absl::StatusOr<std::string> content = fs::ReadTrimmed(path);
+  absl::StatusOr<std::string> content = fs::ReadTrimmed(path, kMaxOverrideFileBytes);
   if (!content.ok()) {
     return absl::Status(content.status().code(),
                         absl::StrCat("resource name override file: ", content.status().message()));

@@ -457,7 +457,7 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
     spdlog::info("{}: registered with the kubelet as {}", resource.name, call.request.endpoint());
     return;
   }
-  const bool config_error = call.status.error_code() == grpc::StatusCode::UNKNOWN;
+  const bool config_error = internal::IsRegisterConfigError(call.status);  // else transient (dial-back timeout)
   resource.backoff = config_error ? kConfigErrorBackoff
                                   : std::clamp(resource.backoff * 2, kFirstBackoff, kMaxBackoff);
   const milliseconds jitter(std::uniform_int_distribution<int64_t>(0, resource.backoff.count() / 10)(jitter_));

@@ -60,6 +60,16 @@ absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::str
   return static_cast<uint16_t>(bytes[0] | (bytes[1] << 8));
 }
 
+std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory& inventory,
+                                                           const pci::Selection& selection) {
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& bdf : selection.gpus) {
+    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
+    if (const pci::Function* fn = inventory.Find(bdf)) ids.emplace_back(fn->vendor_id, fn->device_id);
+  }
+  return ids;
+}
+
 DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
                              const pci::Selection& selection, const names::NameResolver& names,
                              const std::set<std::string>& remembered) {
@@ -74,10 +84,10 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
     if (fn == nullptr) continue;
     if (!pci::IsVfioDriver(fn->driver) && !remembered.contains(bdf)) continue;
     advertised.push_back(fn);
-    ids.emplace_back(fn->vendor_id, fn->device_id);
   }
+  // Over every selected GPU, not only the advertised ones: names must not depend on which GPUs are on vfio.
+  const std::map<uint32_t, names::ResolvedName> resolved = names.Resolve(AdvertisableIds(inventory, selection));
   if (advertised.empty()) return snapshot;
-  const std::map<uint32_t, names::ResolvedName> resolved = names.Resolve(ids);
 
   for (const pci::Function* fn : advertised) {
     auto name = resolved.find(static_cast<uint32_t>(fn->vendor_id) << 16 | fn->device_id);

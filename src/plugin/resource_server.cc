@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/server_builder.h"
@@ -57,6 +58,16 @@ v1beta1::DevicePluginOptions PluginOptions() {
   options.set_pre_start_required(false);
   options.set_get_preferred_allocation_available(true);
   return options;
+}
+
+bool IsRegisterConfigError(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNKNOWN) return false;
+  // The kubelet's errUnsupportedVersion and errInvalidResourceName (devicemanager/plugin/v1beta1/server.go).
+  const std::string& message = status.error_message();
+  const bool bad_version = absl::StartsWith(message, "requested API version ") &&
+                           absl::StrContains(message, " is not supported by kubelet");
+  const bool bad_name = absl::StartsWith(message, "the ResourceName ") && absl::EndsWith(message, " is invalid");
+  return bad_version || bad_name;
 }
 
 v1beta1::ListAndWatchResponse ToListAndWatch(const ResourceDevices& devices) {

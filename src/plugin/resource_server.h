@@ -32,6 +32,11 @@ FileId StatFileId(const std::filesystem::path& path);  // {} when absent
 // The options sent both in Register and in GetDevicePluginOptions (R5).
 v1beta1::DevicePluginOptions PluginOptions();
 
+// A failed Register that retrying cannot fix until the operator acts: the kubelet refused the API version
+// or the resource name. The kubelet answers UNKNOWN for every failure, a dial-back that timed out
+// ("failed to dial device plugin: context deadline exceeded") included, so only its message tells them apart.
+bool IsRegisterConfigError(const grpc::Status& status);
+
 v1beta1::ListAndWatchResponse ToListAndWatch(const ResourceDevices& devices);
 v1beta1::ContainerAllocateResponse ToProto(const ContainerAllocation& allocation);
 

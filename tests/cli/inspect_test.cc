@@ -8,11 +8,17 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "sim_process.h"
+#include "support/fuse.h"
 #include "support/sysfs_tree.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/plugin/devices.h"
 
 namespace vfio_agent::cli {
 namespace {
@@ -22,6 +28,9 @@ using ::testing::HasSubstr;
 
 class InspectTest : public ::testing::Test {
  protected:
+  void SetUp() override {
+    if (!vfio_agent::testing::FuseAvailable()) GTEST_SKIP() << vfio_agent::testing::kNeedsFuse;
+  }
   void StartNode(const std::string& node) {
     auto sim = sim::SimProcess::Start(sim::NodeFile(node), tmp_.path() / "node");
     ASSERT_TRUE(sim.ok()) << sim.status();
@@ -201,15 +210,68 @@ TEST_F(InspectTest, BinaryExitsZeroOnAPassableNode) {
   EXPECT_THAT(out, HasSubstr("nvidia.com/GA102GL_A10"));
 }
 
-// This machine is a VM whose disk and network are PCI devices, with no NVIDIA device: inspect must read
-// the real /sys without writing and say there is nothing to pass through.
-TEST(InspectRealSysfsTest, ReadOnlyRunOnThisMachineSaysNothingToPassThrough) {
-  CommonOptions options;  // defaults: /sys, /dev
+// `inspect` prints the names `serve` advertises, whichever GPUs are on vfio at the time: here two operator
+// names collide, and only one of the two GPUs is on vfio-pci yet.
+TEST(InspectNamesTest, InspectPrintsTheNamesServeAdvertises) {
+  vfio_agent::testing::TempDir dir;
+  vfio_agent::testing::SysfsTree tree(dir.path() / "sys");
+  tree.AddDevice({.bdf = "0000:3b:00.0", .device = 0x2335, .driver = "vfio-pci", .iommu_group = 12});
+  tree.AddDevice({.bdf = "0000:5d:00.0", .device = 0x2330, .driver = "nvidia", .iommu_group = 13});
+  CommonOptions options;
+  options.paths.sysfs_root = tree.root();
+  options.paths.dev_root = dir.path() / "dev";
+  options.paths.modules_root = dir.path() / "no-modules";
+  std::filesystem::create_directories(options.paths.dev_root / "vfio");
+  std::ofstream(options.paths.dev_root / "vfio" / "12") << "";
+  options.name_overrides = {{0x10de, 0x2335, "HOPPER"}, {0x10de, 0x2330, "HOPPER"}};
+
   auto report = BuildInspectReport(options, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_EQ(report->functions_size(), 0);
-  EXPECT_TRUE(report->ready());
-  EXPECT_THAT(report->summary(), HasSubstr("nothing to pass through"));
+  auto inventory = pci::Scan(options.paths.sysfs_root);
+  ASSERT_TRUE(inventory.ok()) << inventory.status();
+  const names::NameResolver serve_names(nullptr, options.resource_domain, options.name_overrides);
+  const plugin::DeviceSnapshot served = plugin::BuildSnapshot(
+      options.paths, *inventory, pci::Select(*inventory, options.policy), serve_names, {});
+  ASSERT_EQ(served.resources.size(), 1u);
+  const std::string served_name = served.resources.begin()->first;
+  EXPECT_NE(served.resources.begin()->second.Find("0000:3b:00.0"), nullptr);
+  EXPECT_EQ(ByBdf(*report)["0000:3b:00.0"]->resource_name(), served_name);
+  EXPECT_EQ(ByBdf(*report)["0000:5d:00.0"]->resource_name(), "nvidia.com/HOPPER_2330");
+}
+
+// The real /sys of this machine, read-only: inspect lists exactly the NVIDIA display functions (and their
+// group companions) that an independent reading of the vendor and class files finds, each GPU with a valid
+// resource name, whether this machine has none (a VM whose disk and NIC are PCI devices) or several.
+TEST(InspectRealSysfsTest, ReadOnlyRunOnThisMachineListsItsNvidiaGpusAndNothingElse) {
+  if (!std::filesystem::exists("/sys/bus/pci/devices")) GTEST_SKIP() << "no PCI bus in /sys here";
+  std::set<std::string> gpus;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/bus/pci/devices")) {
+    std::string vendor, klass;
+    std::ifstream(entry.path() / "vendor") >> vendor;
+    std::ifstream(entry.path() / "class") >> klass;
+    if (vendor == "0x10de" && (klass.starts_with("0x0300") || klass.starts_with("0x0302"))) {
+      gpus.insert(entry.path().filename().string());
+    }
+  }
+  CommonOptions options;  // defaults: /sys, /dev, /lib/modules
+  auto report = BuildInspectReport(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::set<std::string> listed_gpus;
+  for (const auto& fn : report->functions()) {
+    if (fn.role() != rpt::GPU) {
+      EXPECT_EQ(fn.role(), rpt::COMPANION) << fn.bdf();
+      EXPECT_EQ(fn.vendor_id(), "10de") << fn.bdf();
+      continue;
+    }
+    listed_gpus.insert(fn.bdf());
+    EXPECT_TRUE(names::ValidateExtendedResourceName(fn.resource_name()).ok()) << fn.bdf() << " " << fn.resource_name();
+    EXPECT_THAT(fn.resource_name(), ::testing::StartsWith("nvidia.com/"));
+  }
+  EXPECT_EQ(listed_gpus, gpus);
+  if (gpus.empty()) {
+    EXPECT_TRUE(report->ready());
+    EXPECT_THAT(report->summary(), HasSubstr("nothing to pass through"));
+  }
 }
 
 }  // namespace

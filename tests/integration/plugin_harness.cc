@@ -1,6 +1,7 @@
 #include "plugin_harness.h"
 
 #include <optional>
+#include <thread>
 
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -55,6 +56,15 @@ bool Node::WaitForCounts(const std::string& resource, int64_t capacity, int64_t 
 std::unique_ptr<v1beta1::DevicePlugin::Stub> Node::DialPlugin(const std::string& resource) const {
   return v1beta1::DevicePlugin::NewStub(grpc::CreateChannel(
       "unix:" + (kubelet_dir_ / SocketName(resource)).string(), grpc::InsecureChannelCredentials()));
+}
+
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return condition();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 std::chrono::milliseconds RegisterDelay(const kubeletsim::KubeletSim& kubelet, const std::string& resource) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,13 @@
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::plugin::testing {
+
+// How long a test waits for something it expects to happen: generous, so that a loaded machine (a parallel
+// ctest, stress-ng) slows the test down rather than failing it.
+inline constexpr std::chrono::seconds kPatience{30};
+
+// Polls `condition` until it holds or `timeout` passes; returns its last value.
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout = kPatience);
 
 inline constexpr char kH200[] = "nvidia.com/GH100_H200_SXM_141GB";
 inline const std::vector<std::string> kH200Gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0", "0000:5d:00.0",
@@ -37,9 +45,10 @@ class Node {
   void StopAgent() { agent_->Stop(); }
   const std::filesystem::path& kubelet_dir() const { return kubelet_dir_; }
 
-  // Waits until the kubelet sees `resource` registered with exactly these counts.
+  // Waits until the kubelet sees `resource` registered with exactly these counts. The limit only ends a
+  // test that is failing anyway; it is never what the test measures.
   bool WaitForCounts(const std::string& resource, int64_t capacity, int64_t allocatable,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                     std::chrono::milliseconds timeout = kPatience);
 
   // A direct client of the plugin's socket, as the kubelet dials it.
   std::unique_ptr<v1beta1::DevicePlugin::Stub> DialPlugin(const std::string& resource) const;

@@ -12,6 +12,7 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "plugin_harness.h"
+#include "support/fuse.h"
 
 namespace vfio_agent::plugin::testing {
 namespace {
@@ -30,7 +31,7 @@ kubeletsim::ResourceState State(kubeletsim::KubeletSim& kubelet, const std::stri
 class PluginIntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/fuse";
+    if (!vfio_agent::testing::FuseAvailable()) GTEST_SKIP() << vfio_agent::testing::kNeedsFuse;
   }
   void Boot(const std::string& node_file, const std::vector<std::string>& vfio = {}) {
     auto node = Node::Create(node_file);
@@ -44,7 +45,16 @@ class PluginIntegrationTest : public ::testing::Test {
 TEST_F(PluginIntegrationTest, RegistersWhenTheKubeletStartsLater) {
   Boot("hgx-h200-8gpu.json", kH200Gpus);
   ASSERT_TRUE(node_->StartAgent().ok());
-  std::this_thread::sleep_for(milliseconds(200));  // the agent now waits for kubelet.sock
+  // The agent serves its socket and, with no kubelet.sock, waits unregistered.
+  const auto socket = node_->kubelet_dir() / "kubevirt-GH100_H200_SXM_141GB.sock";
+  ASSERT_TRUE(WaitUntil([&] {
+    const std::vector<ResourceStatus> resources = node_->agent().Resources();
+    return resources.size() == 1 && resources[0].resource_name == kH200 && std::filesystem::exists(socket);
+  }));
+  const ResourceStatus waiting = node_->agent().Resources().at(0);
+  EXPECT_FALSE(waiting.registered);
+  EXPECT_EQ(waiting.registrations, 0);
+  EXPECT_FALSE(std::filesystem::exists(node_->kubelet_dir() / "kubelet.sock"));
   ASSERT_TRUE(node_->StartKubelet().ok());
   ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
   // Latency is a benchmark figure (bench_plugin_lifecycle); here only recorded, the machine may be loaded.
@@ -83,6 +93,29 @@ TEST_F(PluginIntegrationTest, FiftyKubeletRestartsLoseNoDevice) {
   EXPECT_EQ(State(node_->kubelet(), kH200).identical_repeats, 0);
 }
 
+// The kubelet answers UNKNOWN to a Register whose dial-back timed out, as to a refused name; only the latter
+// is a configuration error worth 30 s. Here every dial-back times out (the simulated kubelet gives it no
+// time at all): the agent must try again at once, not 30 s later.
+TEST_F(PluginIntegrationTest, RegisterWhoseDialBackTimedOutIsRetriedAtOnce) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet({.dial_timeout = milliseconds(0)}).ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  auto attempts = [](const kubeletsim::KubeletSim& k) {
+    int n = 0;
+    for (const kubeletsim::Event& e : k.Events()) n += e.kind == "register" && e.resource == kH200;
+    return n;
+  };
+  // Generous against the transient backoff (10 ms, doubling), and still well short of 30 s.
+  EXPECT_TRUE(node_->kubelet().WaitFor([&](const kubeletsim::KubeletSim& k) { return attempts(k) >= 3; },
+                                       std::chrono::seconds(20)))
+      << attempts(node_->kubelet()) << " Register attempts";
+  bool dial_error = false;
+  for (const kubeletsim::Event& e : node_->kubelet().Events()) {
+    dial_error |= e.kind == "error" && e.detail == "failed to dial device plugin: context deadline exceeded";
+  }
+  EXPECT_TRUE(dial_error) << "the kubelet never answered with the dial-back timeout";
+}
+
 TEST_F(PluginIntegrationTest, StreamCutWhileKubeletStaysReRegisters) {
   Boot("hgx-h200-8gpu.json", kH200Gpus);
   ASSERT_TRUE(node_->StartKubelet().ok());
@@ -94,7 +127,7 @@ TEST_F(PluginIntegrationTest, StreamCutWhileKubeletStaysReRegisters) {
         auto r = k.Resources().at(kH200);
         return r.registrations >= 2 && r.registered && r.allocatable == 8;
       },
-      std::chrono::seconds(5)));
+      kPatience));
 }
 
 TEST_F(PluginIntegrationTest, LateBoundGpuAppears) {
@@ -252,7 +285,7 @@ TEST_F(PluginIntegrationTest, StopDeregistersAndRemovesSockets) {
         auto r = k.Resources().at(kH200);
         return r.capacity == 0 && r.allocatable == 0 && !r.registered;
       },
-      std::chrono::seconds(3)));
+      kPatience));
 }
 
 // The same through the real process and signal: `serve` blocks SIGTERM and waits for it (plugin::Serve).
@@ -281,7 +314,7 @@ TEST_F(PluginIntegrationTest, SigtermToTheServeProcessDeregistersAndRemovesItsSo
         auto r = k.Resources().at(kH200);
         return r.capacity == 0 && r.allocatable == 0 && !r.registered;
       },
-      std::chrono::seconds(3)));
+      kPatience));
 }
 
 TEST_F(PluginIntegrationTest, TwoResourcesOnOneNode) {

@@ -186,10 +186,16 @@ TEST_F(NewFixtureTest, SlugSharedWithAPinnedNameGetsTheDeviceSuffix) {
   EXPECT_EQ(r.at(NameKey(kNvidia, 0x1df5)).name, "GV100GL_TESLA_V100_SXM2_16GB_1DF5");
 }
 
-TEST_F(NewFixtureTest, CollisionOnlyAppliesToIdsPresentOnTheNode) {
-  auto r = Resolve({0x20b1});
-  EXPECT_EQ(r.at(NameKey(kNvidia, 0x20b1)).name, "GA100_A100_PCIE_40GB");
-  EXPECT_THAT(r.at(NameKey(kNvidia, 0x20b1)).issue, IsEmpty());
+// Cozystack's table is part of every node's names: a GPU whose slug is a pinned name moves even when the
+// pinned model is absent, so hot-plugging that model later renames nothing.
+TEST_F(NewFixtureTest, SlugOfAPinnedNameMovesEvenWithoutThePinnedModel) {
+  const NameResolver resolver(db_.get(), "nvidia.com", {});
+  auto r = resolver.Resolve(Nvidia({0x20b1}));
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0x20b1)).name, "GA100_A100_PCIE_40GB_20B1");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0x20b1)).issue, AllOf(HasSubstr("10de:20b1"), HasSubstr("10de:20f1 (pinned)")));
+  auto later = resolver.Resolve(Nvidia({0x20b1, 0x20f1}));
+  EXPECT_EQ(later.at(NameKey(kNvidia, 0x20b1)).name, "GA100_A100_PCIE_40GB_20B1");
+  EXPECT_EQ(later.at(NameKey(kNvidia, 0x20f1)).name, "GA100_A100_PCIE_40GB");
 }
 
 TEST_F(NewFixtureTest, OverrideBeatsPinnedAndSlug) {
@@ -242,6 +248,31 @@ TEST_F(NewFixtureTest, ResultDoesNotDependOnInputOrderOrRepeats) {
     EXPECT_EQ(b.at(key).name, r.name);
     EXPECT_EQ(b.at(key).issue, r.issue);
   }
+}
+
+// Resource names are what the kubelet and running VMs know a GPU by: once given, a name never changes, and
+// an id seen later (bound or hot-plugged after start) is the one that moves.
+TEST(NameResolverTest, ANameOnceGivenNeverChanges) {
+  FakePciIds db({{NameKey(kNvidia, 0xaaa1), "GX100 [Same]"}, {NameKey(kNvidia, 0xaaa2), "GX100 [Same]"}});
+  const NameResolver resolver(&db, "nvidia.com", {});
+  EXPECT_EQ(resolver.Resolve(Nvidia({0xaaa1})).at(NameKey(kNvidia, 0xaaa1)).name, "GX100_SAME");
+  auto r = resolver.Resolve(Nvidia({0xaaa1, 0xaaa2}));
+  ExpectRegistrable(r);
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xaaa1)).name, "GX100_SAME");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0xaaa1)).issue, IsEmpty());
+  EXPECT_EQ(r.at(NameKey(kNvidia, 0xaaa2)).name, "GX100_SAME_AAA2");
+  EXPECT_THAT(r.at(NameKey(kNvidia, 0xaaa2)).issue, AllOf(HasSubstr("10de:aaa1"), HasSubstr("10de:aaa2")));
+  // A copy shares what was given.
+  const NameResolver copy = resolver;
+  EXPECT_EQ(copy.Resolve(Nvidia({0xaaa2})).at(NameKey(kNvidia, 0xaaa2)).name, "GX100_SAME_AAA2");
+}
+
+// An override reserves its name from the first resolution, whether or not its device is present yet.
+TEST(NameResolverTest, AnOverrideForAnAbsentIdStillReservesItsName) {
+  FakePciIds db({{NameKey(kNvidia, 0xaaa1), "GX100 [Same]"}});
+  const NameResolver resolver(&db, "nvidia.com", {{kNvidia, 0xbbbb, "GX100_SAME"}});
+  EXPECT_EQ(resolver.Resolve(Nvidia({0xaaa1})).at(NameKey(kNvidia, 0xaaa1)).name, "GX100_SAME_AAA1");
+  EXPECT_EQ(resolver.Resolve(Nvidia({0xbbbb})).at(NameKey(kNvidia, 0xbbbb)).name, "GX100_SAME");
 }
 
 TEST(NameResolverTest, EqualSlugsOfTwoIdsBothGetTheirDeviceId) {

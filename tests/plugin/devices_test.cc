@@ -71,6 +71,32 @@ TEST_F(SnapshotTest, GpuNeverOnVfioIsNotAdvertisedButAnUnboundOneStaysUnhealthy)
   EXPECT_TRUE(AdvertisedIds(s).contains("0000:3b:00.0"));
 }
 
+// Names are fixed over every selected GPU at the first build, so a GPU bound to vfio later (here one whose
+// operator name collides with an advertised GPU's) renames nothing the kubelet already knows.
+TEST_F(SnapshotTest, BindingAnotherGpuLaterRenamesNoResource) {
+  const names::NameResolver names(nullptr, "nvidia.com", {{0x10de, 0x2335, "HOPPER"}, {0x10de, 0x2330, "HOPPER"}});
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .device = 0x2335, .driver = "vfio-pci", .iommu_group = 12});
+  tree_.AddDevice({.bdf = "0000:5d:00.0", .device = 0x2330, .driver = "nvidia", .iommu_group = 13});
+  GroupNode(12);
+  GroupNode(13);
+  auto build = [&](const std::set<std::string>& remembered) {
+    absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths_.sysfs_root);
+    EXPECT_TRUE(inventory.ok()) << inventory.status();
+    return BuildSnapshot(paths_, *inventory, pci::Select(*inventory, {}), names, remembered);
+  };
+  const DeviceSnapshot before = build({});
+  ASSERT_EQ(before.resources.size(), 1u);
+  const std::string name = before.resources.begin()->first;
+  EXPECT_EQ(name, "nvidia.com/HOPPER_2335");
+
+  tree_.BindDriver("0000:5d:00.0", "vfio-pci");
+  const DeviceSnapshot after = build(AdvertisedIds(before));
+  ASSERT_TRUE(after.resources.contains(name)) << "renamed at run time";
+  EXPECT_NE(after.resources.at(name).Find("0000:3b:00.0"), nullptr);
+  EXPECT_TRUE(after.resources.contains("nvidia.com/HOPPER_2330"));
+  EXPECT_EQ(after.resources.size(), 2u);
+}
+
 TEST_F(SnapshotTest, MissingGroupNodeIsUnhealthy) {
   tree_.AddDevice({.bdf = "0000:3b:00.0", .driver = "vfio-pci", .iommu_group = 12});
   const PluginDevice d = Device(Build(), kH200, "0000:3b:00.0");
@@ -85,6 +111,18 @@ TEST_F(SnapshotTest, DeadConfigSpaceIsUnhealthy) {
   const PluginDevice d = Device(Build(), kH200, "0000:3b:00.0");
   EXPECT_FALSE(d.healthy);
   EXPECT_THAT(d.unhealthy_reason, HasSubstr("0xffff"));
+}
+
+// A config read would wake a GPU vfio-pci parked in D3cold: its health is decided without one. The config
+// file here reads 0xffff, so any read of it would make the device Unhealthy.
+TEST_F(SnapshotTest, DeviceInD3coldIsHealthyWithoutAConfigRead) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .driver = "vfio-pci", .iommu_group = 12});
+  GroupNode(12);
+  tree_.WriteAttribute("0000:3b:00.0", "config", std::string(64, '\xff'));
+  tree_.WriteAttribute("0000:3b:00.0", "power_state", "D3cold\n");
+  EXPECT_TRUE(Device(Build(), kH200, "0000:3b:00.0").healthy);
+  tree_.WriteAttribute("0000:3b:00.0", "power_state", "D0\n");
+  EXPECT_FALSE(Device(Build(), kH200, "0000:3b:00.0").healthy);
 }
 
 TEST_F(SnapshotTest, ForeignEndpointInTheGroupMakesItNotViable) {

@@ -93,25 +93,35 @@ inline uint32_t NameKey(uint16_t vendor_id, uint16_t device_id) {
   return (static_cast<uint32_t>(vendor_id) << 16) | device_id;
 }
 
-// Resolves names for every device id present on a node, in one pass, so collisions between two device
-// ids and invalid names are fixed deterministically (same input -> same output).
+// Resolves names for the device ids of a node so that collisions between two device ids and invalid names
+// are fixed deterministically (same input -> same output), and a name once given never changes for the
+// resolver's life: resource names are what the kubelet, KubeVirt's permittedHostDevices and running VMs
+// know a GPU by.
+//
+// The first Resolve fixes the names of every id the node could ever advertise: the ids it is given (the
+// selected GPUs present in sysfs, whatever their driver), every pinned id and every overridden id, so that
+// `inspect` and `serve` agree and a GPU bound or hot-plugged later renames nothing. An id first seen by a
+// later call is fitted around the names already given (it takes the suffix, never an existing id).
 class NameResolver {
  public:
   // `db` may be null (no pci.ids available): names then come from overrides, the pinned table or the
   // device id. A later override for the same id wins over an earlier one (file first, then flags).
   NameResolver(const PciIdsDatabase* db, std::string domain, std::vector<NameOverride> overrides);
 
-  // Input: the (vendor, device) ids of the selected functions (duplicates ignored). Output keyed by NameKey().
+  // Input: (vendor, device) ids (duplicates ignored). Output: their names, keyed by NameKey().
   // A name shared by several ids gets `_<DEVICE>` (upper-case hex) appended on every id that shares it,
-  // except that a single operator override or pinned entry among them keeps its name.
+  // except that a single operator override or pinned entry among them keeps its name. Thread-safe.
   std::map<uint32_t, ResolvedName> Resolve(const std::vector<std::pair<uint16_t, uint16_t>>& ids) const;
 
   const std::string& domain() const { return domain_; }
 
  private:
+  struct Given;  // names handed out so far; shared by copies of the resolver
+
   const PciIdsDatabase* db_;
   std::string domain_;
   std::vector<NameOverride> overrides_;
+  std::shared_ptr<Given> given_;
 };
 
 }  // namespace vfio_agent::names

@@ -47,6 +47,12 @@ struct DeviceSnapshot {
   bool operator==(const DeviceSnapshot&) const = default;
 };
 
+// The (vendor, device) ids of every selected GPU in `inventory`, whatever its driver: what the node's
+// selection could advertise. The first name resolution of a process is made over these (NameResolver), so
+// `inspect` and `serve` give the same names and binding a GPU later renames nothing.
+std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory& inventory,
+                                                           const pci::Selection& selection);
+
 // Builds the snapshot from one scan. Only selected GPUs are resources; companions are never advertised
 // on their own. A GPU is advertised once it has been seen on a vfio driver (now, or in `remembered`, the
 // ids advertised by the previous snapshot) and for as long as it stays in sysfs, so an unbound GPU turns
