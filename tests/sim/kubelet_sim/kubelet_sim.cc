@@ -323,6 +323,10 @@ void KubeletSim::Impl::OnList(PluginClient& client, const ::v1beta1::ListAndWatc
     RecordLocked("error", client.resource, "update from a replaced plugin instance ignored");
     return;
   }
+  if (entry.frozen) {
+    RecordLocked("list_ignored", client.resource, absl::StrFormat("devices=%d", message.devices_size()));
+    return;
+  }
   const bool identical = client.last_message == bytes;
   client.last_message = std::move(bytes);
   entry.healthy.clear();
@@ -379,6 +383,15 @@ absl::Status KubeletSim::Impl::CloseStream(const std::string& resource) {
   }
   RecordLocked("close_stream", resource, it->second.endpoint);
   it->second.client->stream_ctx.TryCancel();
+  return absl::OkStatus();
+}
+
+absl::Status KubeletSim::Impl::FreezeUpdates(const std::string& resource, bool frozen) {
+  std::lock_guard lock(mu_);
+  auto it = resources_.find(resource);
+  if (it == resources_.end()) return absl::NotFoundError(absl::StrCat("no resource ", resource));
+  it->second.frozen = frozen;
+  RecordLocked(frozen ? "freeze" : "unfreeze", resource, "");
   return absl::OkStatus();
 }
 
@@ -445,6 +458,9 @@ absl::Status KubeletSim::Start() { return impl_->Start(); }
 absl::Status KubeletSim::Restart() { return impl_->Restart(); }
 void KubeletSim::Stop() { impl_->Stop(); }
 absl::Status KubeletSim::CloseStream(const std::string& resource) { return impl_->CloseStream(resource); }
+absl::Status KubeletSim::FreezeUpdates(const std::string& resource, bool frozen) {
+  return impl_->FreezeUpdates(resource, frozen);
+}
 std::map<std::string, ResourceState> KubeletSim::Resources() const { return impl_->Resources(); }
 std::vector<Event> KubeletSim::Events() const { return impl_->Events(); }
 absl::StatusOr<AdmittedPod> KubeletSim::Admit(const PodSpec& pod) { return impl_->Admit(pod); }

@@ -63,7 +63,7 @@ struct Event {
   // register (stamped when the request arrives, before validation and dial-back; detail "version=V
   // endpoint=E"), options, list (detail "devices=N healthy=H unhealthy=U[ identical_repeat][ duplicate_ids=..]"),
   // stream_end, allocate, preferred, restart, error; also: listen (server up; detail = socket path; the file
-  // itself appears at bind(), a moment earlier), sockets_deleted, disconnect, close_stream, grace_expired, stop.
+  // itself appears at bind(), a moment earlier), sockets_deleted, disconnect, close_stream, grace_expired, stop, freeze, unfreeze, list_ignored.
   std::string kind;
   std::string resource;
   std::string detail;
@@ -105,6 +105,10 @@ class KubeletSim {
   void Stop();
   // Fault: cut the current ListAndWatch stream of `resource`; kubelet.sock stays up.
   absl::Status CloseStream(const std::string& resource);
+  // Fault: a stale kubelet view. While frozen, ListAndWatch messages of `resource` are read but not applied
+  // (event "list_ignored"), so the device manager, Resources() and pod-resources keep the last set applied.
+  // Unfreezing does not replay them: the next message the plugin sends is applied.
+  absl::Status FreezeUpdates(const std::string& resource, bool frozen);
 
   std::map<std::string, ResourceState> Resources() const;
   std::vector<Event> Events() const;

@@ -44,6 +44,7 @@ struct ResourceEntry {
   std::map<std::string, std::vector<int64_t>> topology;
   std::optional<Clock::time_point> stop_time;  // grace clock (Options::clock), set when the endpoint stops
   bool removed = false;
+  bool frozen = false;  // FreezeUpdates: messages are not applied
   int registrations = 0, list_updates = 0, identical_repeats = 0, duplicate_ids = 0;
   std::string endpoint;
   ::v1beta1::DevicePluginOptions options;
@@ -57,6 +58,7 @@ class KubeletSim::Impl {
   absl::Status Restart();
   void Stop();
   absl::Status CloseStream(const std::string& resource);
+  absl::Status FreezeUpdates(const std::string& resource, bool frozen);
   std::map<std::string, ResourceState> Resources() const;
   std::vector<Event> Events() const;
   absl::StatusOr<AdmittedPod> Admit(const PodSpec& pod);

@@ -679,6 +679,40 @@ TEST_F(KubeletSimTest, PodResourcesReportsHealthyAllocatableAndPodDevicesPerNuma
   }
 }
 
+TEST_F(KubeletSimTest, FrozenUpdatesLeaveAStaleViewInResourcesAndPodResources) {
+  KubeletSim sim(Opts());
+  ASSERT_TRUE(sim.Start().ok());
+  StubPlugin plugin(Sock("stub-a.sock"), {Dev("d0"), Dev("d1")});
+  plugin.Start();
+  ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
+  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), 2000ms));
+  EXPECT_EQ(sim.FreezeUpdates("example.com/absent", true).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(sim.FreezeUpdates(kResource, true).ok());
+
+  plugin.SetDevices({Dev("d0"), Dev("d1", "Unhealthy")});
+  ASSERT_TRUE(sim.WaitFor([](const KubeletSim& k) { return FindEvent(k.Events(), "list_ignored") != nullptr; },
+                          5000ms));
+  EXPECT_EQ(sim.Resources().at(kResource).healthy, (std::vector<std::string>{"d0", "d1"}));
+  auto lister = ::v1::PodResourcesLister::NewStub(grpc::CreateChannel(
+      "unix:" + Opts().pod_resources_socket.string(), grpc::InsecureChannelCredentials()));
+  auto allocatable_ids = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(5000ms));
+    ::v1::AllocatableResourcesResponse response;
+    EXPECT_TRUE(lister->GetAllocatableResources(&ctx, {}, &response).ok());
+    std::vector<std::string> ids;
+    for (const auto& d : response.devices()) ids.insert(ids.end(), d.device_ids().begin(), d.device_ids().end());
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  EXPECT_EQ(allocatable_ids(), (std::vector<std::string>{"d0", "d1"}));
+
+  ASSERT_TRUE(sim.FreezeUpdates(kResource, false).ok());
+  plugin.Resend();
+  ASSERT_TRUE(sim.WaitFor(Has(2, 1, true), 5000ms));
+  EXPECT_EQ(allocatable_ids(), (std::vector<std::string>{"d0"}));
+}
+
 std::pair<int, std::string> RunAndRead(FILE* pipe) {
   std::string output;
   char buffer[4096];
