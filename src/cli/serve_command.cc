@@ -9,7 +9,7 @@ namespace vfio_agent::cli {
 std::vector<FlagSpec> ServeFlags() {
   return {
       {"kubelet-socket", "PATH", "the kubelet's registration socket", "<kubelet-dir>/kubelet.sock"},
-      {"rescan-interval", "MS", "safety-net rescan of sysfs, in milliseconds", "1000"},
+      {"rescan-interval", "MS", "safety-net rescan of sysfs, in milliseconds", "60000"},
       {"udev", "", "watch udev PCI events (--no-udev on a simulated sysfs)", "on"},
       {"cdi", "", "also return CDI device names and write CDI specs", "off"},
       {"cdi-dir", "DIR", "where CDI specs are written", "/var/run/cdi"},
@@ -25,7 +25,7 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   options.overrides = cmd.common.name_overrides;
   options.pci_ids = db;
   options.kubelet_socket = cmd.flags.Get("kubelet-socket");
-  std::string interval = cmd.flags.Get("rescan-interval", "1000");
+  std::string interval = cmd.flags.Get("rescan-interval", "60000");
   int ms = 0;
   auto [ptr, ec] = std::from_chars(interval.data(), interval.data() + interval.size(), ms);
   if (ec != std::errc() || ptr != interval.data() + interval.size() || ms < 10) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <limits>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -38,7 +39,7 @@ constexpr milliseconds kFirstBackoff{10};  // kubelet.sock exists but refuses: b
 constexpr milliseconds kMaxBackoff{5000};
 constexpr milliseconds kConfigErrorBackoff{30000};  // the kubelet rejected our version or name
 constexpr milliseconds kRegisterDeadline{15000};    // the kubelet may take 10 s to dial back (R3)
-constexpr milliseconds kMaxPollWait{1000};          // stat poll: covers a lost inotify watch
+constexpr milliseconds kMaxPollWait{1000};          // stat poll while an inotify watch is missing
 constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
 
 struct RegisterCall {
@@ -222,7 +223,9 @@ void Agent::Impl::RunPosted() {
 }
 
 Clock::time_point Agent::Impl::NextDeadline() const {
-  Clock::time_point next = std::min({next_rescan_, settle_rescan_, Clock::now() + kMaxPollWait});
+  // With every watch in place, events wake the loop and an idle agent sleeps until the rare safety rescan.
+  Clock::time_point next = std::min(next_rescan_, settle_rescan_);
+  if (!dirs_.complete()) next = std::min(next, Clock::now() + kMaxPollWait);
   for (const auto& [name, resource] : resources_) {
     if (!resource.server) next = std::min(next, resource.next_serve);
     if (resource.server && !resource.registered && !resource.register_in_flight && kubelet_.present()) {
@@ -238,7 +241,7 @@ void Agent::Impl::Loop() {
     {
       std::lock_guard lock(mu_);
       auto wait = std::chrono::ceil<milliseconds>(NextDeadline() - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, kMaxPollWait.count()));
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, std::numeric_limits<int>::max()));
     }
     pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {udev_.fd(), POLLIN, 0}};
     ::poll(fds, udev_.fd() >= 0 ? 3 : 2, timeout_ms);

@@ -25,6 +25,8 @@ class DirWatcher {
   // (Re-)adds the watches whose directory exists now and is not watched yet; cheap when nothing changed,
   // so the loop calls it on every turn (a recreated directory loses its watch).
   void Refresh(const std::filesystem::path& kubelet_dir, const std::filesystem::path& dev_root);
+  // Every directory is watched: changes wake the loop, no stat poll is needed.
+  bool complete() const { return kubelet_wd_ >= 0 && dev_wd_ >= 0 && vfio_wd_ >= 0; }
   struct Drained {
     bool kubelet_dir = false;  // anything in the kubelet directory changed
     bool devices = false;      // vfio group nodes, /dev/vfio or /dev/iommu changed
