@@ -1,5 +1,6 @@
 #include "vfio_gpu_agent/binding/binder.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -34,9 +35,20 @@ DeviceResult ResultFor(const PlannedFunction& fn, std::optional<int> group) {
 
 bool IsNvidiaDriver(const std::string& driver) { return driver.rfind("nvidia", 0) == 0; }
 
-bool WaitForDevnode(const std::filesystem::path& node, absl::Duration wait) {
+// The node a VM opens: /dev/vfio/<group>, or on a host with iommufd and no legacy group nodes every cdev of
+// the function under /dev/vfio/devices (the rule the plugin's health applies, so the two agree).
+bool DevnodePresent(const HostPaths& paths, const std::string& bdf, int group) {
+  if (fs::Exists(paths.VfioDir() / std::to_string(group))) return true;
+  if (!fs::Exists(paths.dev_root / "iommu")) return false;
+  absl::StatusOr<pci::Function> fn = pci::ReadFunction(paths.sysfs_root, bdf);
+  if (!fn.ok() || fn->vfio_cdevs.empty()) return false;
+  return std::all_of(fn->vfio_cdevs.begin(), fn->vfio_cdevs.end(),
+                     [&](const std::string& cdev) { return fs::Exists(paths.VfioDir() / "devices" / cdev); });
+}
+
+bool WaitForDevnode(const HostPaths& paths, const std::string& bdf, int group, absl::Duration wait) {
   const absl::Time deadline = absl::Now() + wait;
-  while (!fs::Exists(node)) {
+  while (!DevnodePresent(paths, bdf, group)) {
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(kDevnodePoll);
   }
@@ -108,9 +120,11 @@ class DeviceBinder {
       return Finish(Outcome::kFailed, reason);
     }
     const std::filesystem::path node = paths_.VfioDir() / std::to_string(group_);
-    if (!WaitForDevnode(node, options_.devnode_wait)) {
-      return Finish(Outcome::kFailed, absl::StrCat("on ", result_.target_driver, " but ", node.string(),
-                                                   " did not appear within ", absl::FormatDuration(options_.devnode_wait)));
+    if (!WaitForDevnode(paths_, result_.bdf, group_, options_.devnode_wait)) {
+      return Finish(Outcome::kFailed, absl::StrCat("on ", result_.target_driver, " but neither ", node.string(),
+                                                   " nor (with ", (paths_.dev_root / "iommu").string(),
+                                                   ") its cdevs under ", (paths_.VfioDir() / "devices").string(),
+                                                   " appeared within ", absl::FormatDuration(options_.devnode_wait)));
     }
     Finish(Outcome::kBound, bind.ok() ? "" : absl::StrCat("bound via drivers_probe", bind_note));
   }

@@ -1,55 +1,144 @@
 #include <pthread.h>
 
+#include <charconv>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/daemon/daemon.h"
+#include "vfio_gpu_agent/kube/node_reporter.h"
 
 namespace vfio_agent::cli {
+namespace {
 
-int RunRun(const std::vector<std::string>& args, std::ostream& out) {
+std::vector<FlagSpec> RunFlags() {
   std::vector<FlagSpec> specs = BindFlags();
   for (auto& spec : ServeFlags()) specs.push_back(std::move(spec));
+  std::vector<FlagSpec> own = {
+      {"health-port", "PORT", "TCP port of the gRPC health service (readiness: service \"\", liveness: \"liveness\"); 0 = off",
+       "8081"},
+      {"metrics-port", "PORT", "TCP port of the Prometheus metrics (/metrics); 0 = off", "9400"},
+      {"listen-address", "HOST", "address the health and metrics ports listen on", "0.0.0.0"},
+      {"kubeconfig", "FILE", "kubeconfig for the node condition and events outside a cluster",
+       "in-cluster service account"},
+      {"node-name", "NAME", "this node's name in the cluster (also env NODE_NAME, from the downward API)", ""},
+      {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
+      {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket (readiness: allocatable devices)",
+       "/var/lib/kubelet/pod-resources/kubelet.sock"},
+      {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "10000"},
+  };
+  for (auto& spec : own) specs.push_back(std::move(spec));
+  return specs;
+}
+
+absl::StatusOr<int> IntValue(const FlagValues& flags, std::string_view name, std::string_view fallback, int min,
+                             int max) {
+  const std::string text = flags.Get(name, fallback);
+  int value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("--", std::string(name), " \"", text, "\" must be a whole number from ", min,
+                                                   " to ", max));
+  }
+  return value;
+}
+
+absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand& cmd,
+                                                             const names::PciIdsDatabase* db) {
+  daemon::DaemonOptions options;
+  auto bind = BinderOptionsFromFlags(cmd);
+  if (!bind.ok()) return bind.status();
+  options.bind = *std::move(bind);
+  auto serve = ServeOptionsFromFlags(cmd, db);
+  if (!serve.ok()) return serve.status();
+  options.serve = *std::move(serve);
+  auto health = IntValue(cmd.flags, "health-port", "8081", 0, 65535);
+  if (!health.ok()) return health.status();
+  options.health_port = *health;
+  auto metrics = IntValue(cmd.flags, "metrics-port", "9400", 0, 65535);
+  if (!metrics.ok()) return metrics.status();
+  options.metrics_port = *metrics;
+  auto resync = IntValue(cmd.flags, "resync-interval", "10000", 100, 3600000);
+  if (!resync.ok()) return resync.status();
+  options.resync_interval = std::chrono::milliseconds(*resync);
+  options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
+  options.status_dir = cmd.flags.Get("status-dir");
+  if (cmd.flags.Has("pod-resources-socket")) {
+    options.serve.paths.pod_resources_socket = cmd.flags.Get("pod-resources-socket");
+  }
+  options.bind.paths.pod_resources_socket = options.serve.paths.pod_resources_socket;
+  return options;
+}
+
+// NotFound (no cluster) and configuration errors outside an explicit --kubeconfig run without the API: it
+// is never on the data path. An explicit --kubeconfig that does not work is a usage error.
+absl::StatusOr<std::unique_ptr<kube::NodeReporter>> ConnectReporter(const ParsedCommand& cmd) {
+  kube::ConnectOptions options;
+  options.kubeconfig = cmd.flags.Get("kubeconfig");
+  options.node_name = cmd.flags.Get("node-name");
+  if (options.node_name.empty()) {
+    if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) options.node_name = downward;
+  }
+  absl::StatusOr<std::unique_ptr<kube::NodeReporter>> reporter = kube::ConnectNodeReporter(options);
+  if (reporter.ok()) {
+    spdlog::info("run: reporting node {} to the Kubernetes API", options.node_name);
+    return reporter;
+  }
+  if (absl::IsNotFound(reporter.status())) {
+    spdlog::info("run: no Kubernetes API ({}); no node condition or events", std::string(reporter.status().message()));
+    return std::unique_ptr<kube::NodeReporter>();
+  }
+  if (!options.kubeconfig.empty()) return reporter.status();
+  spdlog::error("run: Kubernetes API unusable ({}); running without node condition and events",
+                std::string(reporter.status().message()));
+  return std::unique_ptr<kube::NodeReporter>();
+}
+
+}  // namespace
+
+int RunRun(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
-  if (auto exit = ParseCommand("run",
-                               "The DaemonSet's job: bind every selected GPU to vfio (as `bind`), then advertise the\n"
-                               "vfio-bound ones to the kubelet (as `serve`) until SIGTERM. A device that could not be\n"
-                               "bound is reported and not advertised; the others are served. Nothing is unbound on stop.",
-                               specs, args, out, &cmd)) {
+  if (auto exit = ParseCommand(
+          "run",
+          "The DaemonSet's job. One loop owns the node: every selected GPU (with its group's companions) is\n"
+          "bound to its vfio driver and kept there (failed binds retried with backoff, 1 s doubling to 5 min;\n"
+          "nothing is ever unbound), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
+          "Prometheus metrics, the validator's status files and the GPUPassthroughReady node condition and\n"
+          "events report the node's state. Refuses a node the GPU Operator still manages. Runs until SIGTERM,\n"
+          "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0.",
+          RunFlags(), args, out, &cmd)) {
     return *exit;
   }
-  auto bind_options = BinderOptionsFromFlags(cmd);
-  if (!bind_options.ok()) {
-    std::cerr << "vfio-gpu-agent run: " << bind_options.status().message() << "\n";
-    return kExitUsage;
-  }
   auto db = LazyNameDatabase(cmd.common);
-  auto serve_options = ServeOptionsFromFlags(cmd, db.get());
-  if (!serve_options.ok()) {
-    std::cerr << "vfio-gpu-agent run: " << serve_options.status().message() << "\n";
+  auto options = DaemonOptionsFromFlags(cmd, db.get());
+  if (!options.ok()) {
+    std::cerr << "vfio-gpu-agent run: " << options.status().message() << "\n";
     return kExitUsage;
   }
-  // Serve waits for SIGTERM with sigwait; the binder's worker threads are started first and inherit this
-  // mask, so the signal can only be taken by Serve and never kills the process on a worker thread.
+  // Blocked before any thread starts (gRPC, binder workers, the API client), so every thread inherits the
+  // mask and only sigwait below takes these signals.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_signals, signal);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto report = binding::Bind(*bind_options);
-  if (!report.ok()) {
-    // Without a readable sysfs there is nothing to serve either.
-    std::cerr << "vfio-gpu-agent run: " << report.status().message() << "\n";
-    return kExitError;
+  auto reporter = ConnectReporter(cmd);
+  if (!reporter.ok()) {
+    std::cerr << "vfio-gpu-agent run: " << reporter.status().message() << "\n";
+    return kExitUsage;
   }
-  out << (cmd.common.json ? binding::BindReportToJson(*report) : binding::FormatBindReport(*report)) << std::flush;
-  if (!report->ok()) spdlog::error("run: some devices are not on their vfio driver (see the report); serving the others");
-  if (auto status = plugin::Serve(*serve_options); !status.ok()) {
+  daemon::Daemon daemon(*std::move(options), *std::move(reporter));
+  if (absl::Status status = daemon.Start(); !status.ok()) {
     std::cerr << "vfio-gpu-agent run: " << status.message() << "\n";
     return kExitError;
   }
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  spdlog::info("run: signal {} ({}): deregistering and removing sockets", signal, strsignal(signal));
+  daemon.Stop();
   return kExitOk;
 }
 

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -100,11 +101,22 @@ class Agent::Impl {
     return snapshot_;
   }
   std::vector<ResourceStatus> Resources() const;
+  void RescanNow() {
+    {
+      std::lock_guard lock(mu_);
+      next_rescan_ = Clock::now();
+    }
+    wakeup_.Notify();
+  }
 
  private:
   void Loop();
-  void Rescan();
-  void Apply(const pci::Inventory& inventory);
+  // Scans run on their own thread: sysfs reads of a device in reset can take seconds, and the loop must go
+  // on registering and answering the kubelet meanwhile. The loop asks; the scanner posts the snapshot back.
+  void ScanLoop();
+  void RequestScan();
+  std::optional<DeviceSnapshot> BuildFromSysfs();
+  void Apply(DeviceSnapshot next);
   void Reconcile();
   absl::StatusOr<pci::Inventory> ScanSysfs() const {
     return pci::Scan(options_.paths.sysfs_root,
@@ -124,12 +136,12 @@ class Agent::Impl {
   internal::UdevMonitor udev_;
   internal::Wakeup wakeup_;
   std::thread loop_;
+  std::thread scanner_;
   bool started_ = false;
 
   // Loop state; the accessors read it under mu_.
   mutable std::mutex mu_;
   DeviceSnapshot snapshot_;
-  std::set<std::string> remembered_;
   std::map<std::string, Resource> resources_;
   FileId kubelet_;
   Clock::time_point next_rescan_{}, settle_rescan_ = Clock::time_point::max();
@@ -141,6 +153,11 @@ class Agent::Impl {
   std::deque<std::function<void()>> queue_;
   std::set<RegisterCall*> calls_in_flight_;
   bool stopping_ = false;
+
+  // Scanner state (queue_mu_ guards the request flag; remembered_ is the scanner's alone after Start).
+  std::condition_variable scan_cv_;
+  bool scan_requested_ = false;
+  std::set<std::string> remembered_;
 };
 
 absl::Status Agent::Impl::Start() {
@@ -161,10 +178,14 @@ absl::Status Agent::Impl::Start() {
   if (!first.ok()) return first.status();
   {
     std::lock_guard lock(mu_);
-    Apply(*first);
+    const pci::Selection selection = pci::Select(*first, options_.policy);
+    DeviceSnapshot snapshot = BuildSnapshot(options_.paths, *first, selection, names_, remembered_);
+    remembered_ = AdvertisedIds(snapshot);
+    Apply(std::move(snapshot));
     Reconcile();
   }
   started_ = true;
+  scanner_ = std::thread([this] { ScanLoop(); });
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -176,7 +197,9 @@ void Agent::Impl::Stop() {
     stopping_ = true;
   }
   wakeup_.Notify();
+  scan_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  if (scanner_.joinable()) scanner_.join();
   {
     std::unique_lock lock(queue_mu_);
     for (RegisterCall* call : calls_in_flight_) call->context.TryCancel();
@@ -269,25 +292,52 @@ void Agent::Impl::Loop() {
       settle_rescan_ = Clock::time_point::max();
       rescan = true;
     }
-    if (rescan || now >= next_rescan_) Rescan();
+    if (rescan || now >= next_rescan_) {
+      next_rescan_ = now + options_.rescan_interval;
+      RequestScan();
+    }
     Reconcile();
   }
 }
 
-void Agent::Impl::Rescan() {
-  absl::StatusOr<pci::Inventory> inventory = ScanSysfs();
-  if (!inventory.ok()) {
-    next_rescan_ = Clock::now() + options_.rescan_interval;
-    spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
-    return;
+void Agent::Impl::RequestScan() {
+  {
+    std::lock_guard lock(queue_mu_);
+    scan_requested_ = true;
   }
-  Apply(*inventory);
+  scan_cv_.notify_all();
 }
 
-void Agent::Impl::Apply(const pci::Inventory& inventory) {
-  next_rescan_ = Clock::now() + options_.rescan_interval;
-  const pci::Selection selection = pci::Select(inventory, options_.policy);
-  DeviceSnapshot next = BuildSnapshot(options_.paths, inventory, selection, names_, remembered_);
+void Agent::Impl::ScanLoop() {
+  while (true) {
+    {
+      std::unique_lock lock(queue_mu_);
+      scan_cv_.wait(lock, [&] { return scan_requested_ || stopping_; });
+      if (stopping_) return;
+      scan_requested_ = false;
+    }
+    std::optional<DeviceSnapshot> snapshot = BuildFromSysfs();
+    if (!snapshot) continue;
+    Post([this, snapshot = std::move(*snapshot)]() mutable {
+      std::lock_guard lock(mu_);
+      Apply(std::move(snapshot));
+    });
+  }
+}
+
+std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs() {
+  absl::StatusOr<pci::Inventory> inventory = ScanSysfs();
+  if (!inventory.ok()) {
+    spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
+    return std::nullopt;
+  }
+  const pci::Selection selection = pci::Select(*inventory, options_.policy);
+  DeviceSnapshot next = BuildSnapshot(options_.paths, *inventory, selection, names_, remembered_);
+  remembered_ = AdvertisedIds(next);
+  return next;
+}
+
+void Agent::Impl::Apply(DeviceSnapshot next) {
   if (next == snapshot_) return;
   for (const auto& [name, resource] : next.resources) {
     const ResourceDevices* before = nullptr;
@@ -306,7 +356,6 @@ void Agent::Impl::Apply(const pci::Inventory& inventory) {
     }
   }
   snapshot_ = std::move(next);
-  remembered_ = AdvertisedIds(snapshot_);
   for (const auto& [name, devices] : snapshot_.resources) {
     if (resources_.contains(name)) continue;
     Resource& resource = resources_[name];
@@ -332,7 +381,12 @@ void Agent::Impl::Reconcile() {
   const Clock::time_point now = Clock::now();
   const FileId kubelet = StatFileId(kubelet_socket_);
   if (!(kubelet == kubelet_)) {
-    if (kubelet.present()) spdlog::info("kubelet socket {} appeared", kubelet_socket_.string());
+    if (kubelet.present()) {
+      spdlog::info("kubelet socket {} appeared", kubelet_socket_.string());
+      const bool registered_before = std::any_of(resources_.begin(), resources_.end(),
+                                                 [](const auto& entry) { return entry.second.registrations > 0; });
+      if (registered_before && options_.observer != nullptr) options_.observer->OnKubeletRestart();
+    }
     kubelet_ = kubelet;
     // A new kubelet: dial it now, whatever backoff was running. A Register still waiting on the previous
     // kubelet.sock may never be answered (a kubelet going down can hold its listening socket without
@@ -382,13 +436,16 @@ void Agent::Impl::Serve(Resource& resource) {
   resource.next_attempt = Clock::now();
   const uint64_t generation = ++resource.generation;
   const std::string name = resource.name;
-  auto server = std::make_unique<ResourceServer>(name, resource.socket, options_.cdi, [this, name, generation] {
-    Post([this, name, generation] {
-      std::lock_guard lock(mu_);
-      auto it = resources_.find(name);
-      if (it != resources_.end() && it->second.generation == generation) it->second.stream_ended = true;
-    });
-  });
+  auto server = std::make_unique<ResourceServer>(
+      name, resource.socket, options_.cdi,
+      [this, name, generation] {
+        Post([this, name, generation] {
+          std::lock_guard lock(mu_);
+          auto it = resources_.find(name);
+          if (it != resources_.end() && it->second.generation == generation) it->second.stream_ended = true;
+        });
+      },
+      options_.observer);
   std::error_code ec;
   std::filesystem::create_directories(options_.paths.kubelet_dir, ec);
   static const ResourceDevices kNone;
@@ -475,6 +532,7 @@ Agent::Agent(ServeOptions options) : impl_(std::make_unique<Impl>(std::move(opti
 Agent::~Agent() = default;
 absl::Status Agent::Start() { return impl_->Start(); }
 void Agent::Stop() { impl_->Stop(); }
+void Agent::RescanNow() { impl_->RescanNow(); }
 DeviceSnapshot Agent::Snapshot() const { return impl_->Snapshot(); }
 std::vector<ResourceStatus> Agent::Resources() const { return impl_->Resources(); }
 

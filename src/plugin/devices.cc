@@ -28,6 +28,10 @@ std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, con
     });
   }
   if (!node_present) return absl::StrCat("no ", group_node.string());
+  // vfio-pci parks an idle device in D3cold; a config read would wake it (seconds of power-up per GPU, on
+  // every rescan). Its state is known without one: bound, group node present, vfio wakes it on open.
+  absl::StatusOr<std::string> power = fs::ReadTrimmed(paths.PciDevice(fn.bdf) / "power_state");
+  if (power.ok() && *power == "D3cold") return "";
   absl::StatusOr<uint16_t> vendor = ReadConfigVendor(paths, fn.bdf);
   if (!vendor.ok()) return absl::StrCat("config space unreadable: ", vendor.status().message());
   if (*vendor == 0xffff) return "config space reads 0xffff (device off the bus)";

@@ -168,11 +168,12 @@ class DeviceStream final : public grpc::ServerWriteReactor<v1beta1::ListAndWatch
 };
 
 ResourceServer::ResourceServer(std::string resource_name, std::filesystem::path socket, bool cdi,
-                               std::function<void()> on_stream_ended)
+                               std::function<void()> on_stream_ended, AgentObserver* observer)
     : resource_name_(std::move(resource_name)),
       socket_(std::move(socket)),
       cdi_(cdi),
-      on_stream_ended_(std::move(on_stream_ended)) {}
+      on_stream_ended_(std::move(on_stream_ended)),
+      observer_(observer) {}
 
 ResourceServer::~ResourceServer() { Shutdown(false); }
 
@@ -286,6 +287,10 @@ grpc::ServerUnaryReactor* ResourceServer::GetPreferredAllocation(grpc::CallbackS
 grpc::ServerUnaryReactor* ResourceServer::Allocate(grpc::CallbackServerContext* context,
                                                    const v1beta1::AllocateRequest* request,
                                                    v1beta1::AllocateResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  auto observe = [&](bool ok) {
+    if (observer_ != nullptr) observer_->OnAllocate(resource_name_, ok, std::chrono::steady_clock::now() - start);
+  };
   std::shared_ptr<const State> current = state();
   const AllocateConfig config{.iommufd = current->iommufd, .cdi = cdi_};
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -296,12 +301,14 @@ grpc::ServerUnaryReactor* ResourceServer::Allocate(grpc::CallbackServerContext* 
       spdlog::warn("{}: allocate [{}] rejected: {}", resource_name_, absl::StrJoin(ids, ","),
                    std::string(allocation.status().message()));
       reactor->Finish(ToGrpc(allocation.status()));
+      observe(false);
       return reactor;
     }
     *response->add_container_responses() = ToProto(*allocation);
     spdlog::info("{}: allocate [{}]", resource_name_, absl::StrJoin(ids, ","));
   }
   reactor->Finish(grpc::Status::OK);
+  observe(true);
   return reactor;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "grpcpp/server.h"
+#include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 
@@ -48,7 +49,7 @@ class ResourceServer final : public v1beta1::DevicePlugin::CallbackService {
   // `on_stream_ended` runs on a gRPC thread when a ListAndWatch stream ends other than by Shutdown; it must
   // not block.
   ResourceServer(std::string resource_name, std::filesystem::path socket, bool cdi,
-                 std::function<void()> on_stream_ended);
+                 std::function<void()> on_stream_ended, AgentObserver* observer = nullptr);
   ~ResourceServer() override;  // Shutdown(false)
 
   // Binds (refusing a socket another live server answers on) and serves `devices`.
@@ -88,6 +89,7 @@ class ResourceServer final : public v1beta1::DevicePlugin::CallbackService {
   const std::filesystem::path socket_;
   const bool cdi_;
   const std::function<void()> on_stream_ended_;
+  AgentObserver* const observer_;
   std::unique_ptr<grpc::Server> server_;
   FileId socket_id_;
 

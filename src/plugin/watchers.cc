@@ -85,11 +85,13 @@ absl::Status UdevMonitor::Open() {
 
 int UdevMonitor::fd() const { return monitor_ != nullptr ? udev_monitor_get_fd(monitor_) : -1; }
 
-bool UdevMonitor::Drain() {
+bool UdevMonitor::Drain(std::vector<std::string>* bdfs) {
   bool any = false;
   while (udev_device* device = udev_monitor_receive_device(monitor_)) {
     const char* action = udev_device_get_action(device);
-    spdlog::debug("udev {} {}", action != nullptr ? action : "?", udev_device_get_sysname(device));
+    const char* sysname = udev_device_get_sysname(device);
+    spdlog::debug("udev {} {}", action != nullptr ? action : "?", sysname != nullptr ? sysname : "?");
+    if (bdfs != nullptr && sysname != nullptr) bdfs->push_back(sysname);
     udev_device_unref(device);
     any = true;
   }

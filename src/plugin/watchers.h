@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -47,7 +48,8 @@ class UdevMonitor {
 
   absl::Status Open();  // kernel uevents of the pci subsystem (add, remove, bind, unbind)
   int fd() const;       // -1 when not open
-  bool Drain();         // true when at least one event arrived
+  // True when at least one event arrived; the BDFs (sysnames) of the devices concerned go to `bdfs`.
+  bool Drain(std::vector<std::string>* bdfs = nullptr);
 
  private:
   struct udev* udev_ = nullptr;

@@ -17,6 +17,16 @@
 
 namespace vfio_agent::plugin {
 
+// What the agent tells its host process about the kubelet side (metrics of `run`). Called on gRPC and loop
+// threads; implementations must be thread-safe and must not block.
+class AgentObserver {
+ public:
+  virtual ~AgentObserver() = default;
+  virtual void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) = 0;
+  // kubelet.sock was re-created or our socket removed: the kubelet restarted and we re-register.
+  virtual void OnKubeletRestart() = 0;
+};
+
 struct ServeOptions {
   HostPaths paths;  // sysfs_root, dev_root and kubelet_dir are used
   pci::SelectionPolicy policy;
@@ -34,6 +44,7 @@ struct ServeOptions {
   bool udev = true;  // libudev monitor of the pci subsystem; tests on a simulated sysfs turn it off
   bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
   std::filesystem::path cdi_dir = "/var/run/cdi";
+  AgentObserver* observer = nullptr;  // not owned; must outlive the agent
 };
 
 struct ResourceStatus {
@@ -57,6 +68,8 @@ class Agent {
   // Graceful shutdown (SIGTERM): an empty device list on every stream, streams closed, servers stopped,
   // own sockets and CDI specs removed. Idempotent; blocks until done.
   void Stop();
+  // Rescans sysfs now instead of at the next tick (a device was just bound); returns at once.
+  void RescanNow();
 
   DeviceSnapshot Snapshot() const;
   std::vector<ResourceStatus> Resources() const;

@@ -1,0 +1,80 @@
+// The engine of `run`, the DaemonSet's process: one reconcile loop owns the node (every selected GPU and its
+// group's companions on their vfio driver, bound with per-device backoff, never unbound), the device plugin
+// serves what is bound, and the node's state is published: gRPC health (liveness, readiness), Prometheus
+// metrics, the validator's status files, and the GPUPassthroughReady node condition and events through the
+// Kubernetes API when there is one.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/kube/node_reporter.h"
+#include "vfio_gpu_agent/plugin/agent.h"
+
+namespace vfio_agent::daemon {
+
+// Labels with which the GPU Operator deploys its own sandbox components on a node; `run` refuses the node
+// while either is "true".
+inline constexpr const char* kOperatorLabels[] = {"nvidia.com/gpu.deploy.sandbox-device-plugin",
+                                                  "nvidia.com/gpu.deploy.vfio-manager"};
+inline constexpr char kOperatorReason[] = "OperatorStillManagesNode";
+
+struct DaemonOptions {
+  binding::BinderOptions bind;  // `only` is set by each pass
+  plugin::ServeOptions serve;   // `observer` is set by the daemon
+  std::string listen_host = "0.0.0.0";  // health and metrics listen here (the pod IP, with hostNetwork)
+  int health_port = 8081;                // grpc.health.v1.Health; 0 = off
+  int metrics_port = 9400;               // Prometheus text format on /metrics; 0 = off
+  std::filesystem::path status_dir;      // validator status files; "" = none
+  std::chrono::milliseconds resync_interval{10000};      // a full pass with nothing else happening
+  std::chrono::milliseconds not_ready_interval{1000};    // a pass while not ready (kubelet lag, ...)
+  std::chrono::milliseconds coexistence_recheck{30000};  // while refusing the node
+  std::chrono::milliseconds first_backoff{1000};
+  std::chrono::milliseconds max_backoff{std::chrono::minutes(5)};
+  std::chrono::milliseconds live_limit{std::chrono::minutes(2)};  // a loop silent this long is not live
+  std::chrono::milliseconds kubelet_wait{2000};                   // pod-resources call deadline
+};
+
+// What the health service answers and the node condition says.
+struct Readiness {
+  bool ready = false;
+  std::string check_id;  // failing check ("devices.bound", ...); "" when ready
+  std::string reason;    // node condition reason: "AllDevicesReady", "DeviceNotBound", ...
+  std::string message;   // names the check and the devices
+  bool operator==(const Readiness&) const = default;
+};
+
+// Another device plugin in the kubelet directory that answers for one of our resources, or for NVIDIA's
+// GPUs at all. Our own sockets (left from a previous run) do not answer until we serve them, so a socket
+// that accepts a connection before we start is someone else's: kubevirt-<our name>.sock (the GPU Operator's
+// sandbox device plugin) or nvidia-*.sock (NVIDIA's device plugin). Empty when none.
+std::vector<std::string> ForeignPluginSockets(const std::filesystem::path& kubelet_dir,
+                                              const std::vector<std::string>& resource_names);
+
+class Daemon {
+ public:
+  // `reporter` may be null (no cluster API).
+  Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter);
+  ~Daemon();  // Stop()
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Health and metrics listeners, the coexistence check, the first bind pass, the device plugin, then the
+  // loop in the background. Fails only when a listener cannot bind or sysfs cannot be read.
+  absl::Status Start();
+  // Deregisters (empty device lists), removes the plugin sockets, stops the listeners. Nothing is unbound.
+  void Stop();
+
+  Readiness State() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vfio_agent::daemon

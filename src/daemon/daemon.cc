@@ -1,0 +1,536 @@
+#include "vfio_gpu_agent/daemon/daemon.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "health_server.h"
+#include "metrics.h"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/validation/check.h"
+#include "watchers.h"
+
+namespace vfio_agent::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The states that clear by themselves within moments (the kubelet dialling back, ListAndWatch reaching
+// its allocatable set): looked at again soon rather than at the next not-ready interval.
+constexpr milliseconds kLagRecheck{100};
+constexpr milliseconds kMaxPollWait{1000};  // the loop turns at least this often (liveness)
+constexpr milliseconds kLabelsTimeout{2000};
+
+struct Backoff {
+  milliseconds delay{0};
+  Clock::time_point next{};
+};
+
+// A short, bounded label for the failure metrics.
+std::string FailureKind(const binding::DeviceResult& result) {
+  const std::string& reason = result.reason;
+  if (absl::StrContains(reason, "did not return within")) return "write_deadline";
+  if (absl::StrContains(reason, "no IOMMU group")) return "no_iommu_group";
+  if (absl::StrContains(reason, "not attempted") || absl::StrContains(reason, "IOMMU group")) return "iommu_group";
+  if (absl::StrContains(reason, "appeared within")) return "devnode_missing";
+  if (absl::StrContains(reason, "removed")) return "device_removed";
+  if (absl::StrContains(reason, "unbind from")) return "unbind_failed";
+  if (absl::StrContains(reason, "module") || absl::StrContains(reason, "driver")) return "driver";
+  return result.outcome == binding::Outcome::kBlocked ? "blocked" : "bind_failed";
+}
+
+std::string DriverText(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
+
+}  // namespace
+
+class Daemon::Impl final : public plugin::AgentObserver {
+ public:
+  Impl(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter)
+      : options_(std::move(options)),
+        reporter_(std::move(reporter)),
+        names_(options_.serve.pci_ids, options_.serve.domain, options_.serve.overrides),
+        health_([this] { return ready_.load(); }, [this] { return Live(); }) {
+    options_.serve.observer = this;
+    agent_ = std::make_unique<plugin::Agent>(options_.serve);
+  }
+  ~Impl() override { Stop(); }
+
+  absl::Status Start();
+  void Stop();
+  Readiness State() const {
+    std::lock_guard lock(state_mu_);
+    return readiness_;
+  }
+
+  // plugin::AgentObserver: metrics, and a pass soon after the kubelet restarted.
+  void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) override {
+    metrics_.OnAllocate(resource_name, ok, latency);
+  }
+  void OnKubeletRestart() override {
+    metrics_.OnKubeletRestart();
+    kubelet_restarts_.fetch_add(1);
+    wakeup_.Notify();
+  }
+
+ private:
+  bool Live() const {
+    const auto beat = Clock::time_point(Clock::duration(heartbeat_.load()));
+    return Clock::now() - beat < options_.live_limit;
+  }
+  void Beat() { heartbeat_.store(Clock::now().time_since_epoch().count()); }
+
+  void Loop();
+  // One pass: coexistence (while refused), bind what is due, then readiness and everything it feeds.
+  absl::Status Pass();
+  std::optional<Readiness> RefusalNow(const std::vector<std::string>& resource_names);
+  void BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
+                     const plugin::DeviceSnapshot& expected);
+  void Publish(const Readiness& readiness);
+  void PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected);
+  void RunHostChecks(const validation::NodeView& view, const std::string& fingerprint);
+  void Event(kube::EventType type, const std::string& reason, const std::string& note) {
+    if (reporter_) reporter_->RecordEvent(type, reason, note);
+  }
+
+  DaemonOptions options_;
+  const std::unique_ptr<kube::NodeReporter> reporter_;
+  const names::NameResolver names_;
+  internal::Metrics metrics_;
+  internal::HealthServer health_;
+  std::unique_ptr<plugin::Agent> agent_;
+  plugin::internal::DirWatcher dirs_;
+  plugin::internal::UdevMonitor udev_;
+  plugin::internal::Wakeup wakeup_;
+  std::thread loop_;
+  std::atomic<bool> ready_{false};
+  std::atomic<Clock::rep> heartbeat_{0};
+  std::atomic<int> kubelet_restarts_{0};
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+
+  // Loop state (the loop thread's, and Start's before the loop exists).
+  bool serving_ = false;
+  bool refused_ = true;  // until the first coexistence check clears the node
+  Clock::time_point next_coexistence_{}, next_pass_{};
+  bool labels_error_logged_ = false;
+  std::map<std::string, Backoff> backoff_;
+  std::map<std::string, std::string> bind_failures_;  // BDF -> last failure, for the not-ready message
+  std::map<std::string, bool> health_seen_;           // BDF -> healthy, for lost/recovered events
+  int restarts_reported_ = 0;
+  std::string host_fingerprint_;
+  std::vector<validation::Check> host_checks_;
+  std::optional<bool> host_ready_written_;
+
+  mutable std::mutex state_mu_;
+  Readiness readiness_;
+  bool published_ = false;
+};
+
+absl::Status Daemon::Impl::Start() {
+  Beat();
+  if (options_.metrics_port != 0) {
+    if (absl::Status status = metrics_.Listen(options_.listen_host, options_.metrics_port); !status.ok()) {
+      return status;
+    }
+  }
+  if (options_.health_port != 0) {
+    if (absl::Status status = health_.Start(options_.listen_host, options_.health_port); !status.ok()) return status;
+  }
+  if (absl::Status status = dirs_.Open(); !status.ok()) return status;
+  dirs_.Refresh(options_.serve.paths.kubelet_dir, options_.serve.paths.dev_root);
+  if (options_.serve.udev) {
+    if (absl::Status status = udev_.Open(); !status.ok()) {
+      spdlog::warn("reconcile: no udev monitor ({}); relying on inotify and the periodic pass", status.ToString());
+    }
+  }
+  if (absl::Status status = Pass(); !status.ok()) {
+    health_.Shutdown();
+    return status;
+  }
+  started_ = true;
+  loop_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::Stop() {
+  if (stopping_.exchange(true)) return;
+  wakeup_.Notify();
+  if (loop_.joinable()) loop_.join();
+  ready_ = false;
+  agent_->Stop();
+  health_.Shutdown();
+  if (started_) spdlog::info("run: stopped; every device stays on its driver");
+}
+
+void Daemon::Impl::Loop() {
+  while (!stopping_) {
+    Clock::time_point next = std::min(next_pass_, Clock::now() + kMaxPollWait);
+    if (refused_) next = std::min(next, next_coexistence_);
+    for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
+    const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, kMaxPollWait.count()));
+    pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {udev_.fd(), POLLIN, 0}};
+    ::poll(fds, udev_.fd() >= 0 ? 3 : 2, timeout_ms);
+    Beat();
+    if (stopping_) return;
+    bool pass = Clock::now() >= next_pass_;
+    if (fds[0].revents & POLLIN) {
+      wakeup_.Drain();
+      pass = true;
+    }
+    if ((fds[1].revents & POLLIN) && dirs_.Drain().devices) pass = true;
+    if (udev_.fd() >= 0 && (fds[2].revents & POLLIN)) {
+      std::vector<std::string> bdfs;
+      if (udev_.Drain(&bdfs)) pass = true;
+      // A uevent for a device is news about it (a holder let go, a reset finished): retry it now.
+      for (const std::string& bdf : bdfs) backoff_.erase(bdf);
+    }
+    dirs_.Refresh(options_.serve.paths.kubelet_dir, options_.serve.paths.dev_root);
+    const Clock::time_point now = Clock::now();
+    if (refused_ && now >= next_coexistence_) pass = true;
+    for (const auto& [bdf, backoff] : backoff_) pass = pass || now >= backoff.next;
+    if (!pass) continue;
+    if (absl::Status status = Pass(); !status.ok()) spdlog::error("reconcile: {}", status.ToString());
+  }
+}
+
+std::optional<Readiness> Daemon::Impl::RefusalNow(const std::vector<std::string>& resource_names) {
+  std::vector<std::string> why;
+  for (const std::string& socket : ForeignPluginSockets(options_.serve.paths.kubelet_dir, resource_names)) {
+    why.push_back(absl::StrCat("another device plugin answers on ", socket,
+                               " (remove the GPU Operator's sandbox device plugin from this node)"));
+  }
+  if (reporter_) {
+    absl::StatusOr<std::map<std::string, std::string>> labels = reporter_->NodeLabels(kLabelsTimeout);
+    if (!labels.ok()) {
+      if (!labels_error_logged_) {
+        spdlog::warn("coexistence: node labels unreadable ({}); deciding from the kubelet directory alone",
+                     labels.status().ToString());
+        labels_error_logged_ = true;
+      }
+    } else {
+      labels_error_logged_ = false;
+      for (const char* label : kOperatorLabels) {
+        auto it = labels->find(label);
+        if (it != labels->end() && it->second == "true") {
+          why.push_back(absl::StrCat("node label ", label, "=true (set it to false: kubectl label node <node> ", label,
+                                     "=false --overwrite)"));
+        }
+      }
+    }
+  }
+  if (why.empty()) return std::nullopt;
+  return Readiness{.ready = false,
+                   .check_id = "coexistence.operator",
+                   .reason = kOperatorReason,
+                   .message = absl::StrCat("coexistence.operator: the GPU Operator still manages this node: ",
+                                           absl::StrJoin(why, "; "), "; not binding or registering")};
+}
+
+absl::Status Daemon::Impl::Pass() {
+  const Clock::time_point start = Clock::now();
+  const HostPaths& paths = options_.serve.paths;
+  const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};
+  absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths.sysfs_root, scan_options);
+  if (!inventory.ok()) {
+    next_pass_ = Clock::now() + options_.not_ready_interval;
+    return inventory.status();
+  }
+  pci::Selection selection = pci::Select(*inventory, options_.serve.policy);
+
+  if (refused_) {
+    const plugin::DeviceSnapshot named = plugin::BuildSnapshot(
+        paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
+    std::vector<std::string> resource_names;
+    for (const auto& [name, devices] : named.resources) resource_names.push_back(name);
+    if (std::optional<Readiness> refusal = RefusalNow(resource_names)) {
+      next_coexistence_ = Clock::now() + options_.coexistence_recheck;
+      next_pass_ = next_coexistence_;
+      Publish(*refusal);
+      return absl::OkStatus();
+    }
+    refused_ = false;
+  }
+
+  BindDue(*inventory, selection);
+  if (!serving_) {
+    // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
+    if (absl::Status status = agent_->Start(); !status.ok()) return status;
+    serving_ = true;
+  }
+  // Readiness from the host as it is after this pass's binds.
+  if (absl::StatusOr<pci::Inventory> after = pci::Scan(paths.sysfs_root, scan_options); after.ok()) {
+    inventory = std::move(after);
+    selection = pci::Select(*inventory, options_.serve.policy);
+  }
+  const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
+      paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
+  const Readiness readiness = Evaluate(*inventory, selection, expected);
+  Publish(readiness);
+  PublishDevices(selection, expected);
+
+  const int restarts = kubelet_restarts_.load();
+  if (restarts != restarts_reported_) {
+    restarts_reported_ = restarts;
+    Event(kube::EventType::kNormal, "KubeletRestarted", "the kubelet restarted; the device plugin re-registered");
+  }
+  if (reporter_) metrics_.SetApiStats(reporter_->Stats());
+  metrics_.SetReconciled(std::chrono::system_clock::now(), Clock::now() - start);
+  const bool lagging = readiness.check_id == "plugin.registered" || readiness.check_id == "kubelet.allocatable" ||
+                       readiness.check_id == "plugin.advertised";
+  next_pass_ = Clock::now() + (readiness.ready ? options_.resync_interval
+                                               : lagging ? kLagRecheck : options_.not_ready_interval);
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
+  const Clock::time_point now = Clock::now();
+  std::vector<std::string> managed = selection.gpus;
+  managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
+  // --device narrows the node to those functions' groups.
+  std::set<int> allowed_groups;
+  for (const std::string& bdf : options_.bind.only) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn != nullptr && fn->iommu_group) allowed_groups.insert(*fn->iommu_group);
+  }
+  std::set<int> due_groups;
+  for (const std::string& bdf : managed) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn == nullptr || pci::IsVfioDriver(fn->driver) || !fn->iommu_group) continue;
+    if (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group)) continue;
+    auto it = backoff_.find(bdf);
+    if (it == backoff_.end() || now >= it->second.next) due_groups.insert(*fn->iommu_group);
+  }
+  if (due_groups.empty()) return;
+  binding::BinderOptions options = options_.bind;
+  options.only.clear();
+  for (const std::string& bdf : selection.gpus) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn != nullptr && fn->iommu_group && due_groups.contains(*fn->iommu_group)) options.only.push_back(bdf);
+  }
+  if (options.only.empty()) return;
+  absl::StatusOr<binding::BindReport> report = binding::Bind(options);
+  if (!report.ok()) {
+    // The host changed between the scan and the bind (a device removed): the next pass sees it.
+    spdlog::warn("reconcile: bind of {}: {}", absl::StrJoin(options.only, ","), report.status().ToString());
+    return;
+  }
+  std::vector<std::string> bound;
+  for (const binding::DeviceResult& result : report->devices) {
+    metrics_.CountBind(binding::OutcomeName(result.outcome));
+    switch (result.outcome) {
+      case binding::Outcome::kBound:
+        bound.push_back(result.bdf);
+        [[fallthrough]];
+      case binding::Outcome::kAlreadyBound:
+        backoff_.erase(result.bdf);
+        bind_failures_.erase(result.bdf);
+        break;
+      case binding::Outcome::kFailed:
+      case binding::Outcome::kBlocked: {
+        Backoff& backoff = backoff_[result.bdf];
+        backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff
+                                                   : std::min(backoff.delay * 2, options_.max_backoff);
+        backoff.next = Clock::now() + backoff.delay;
+        metrics_.CountBindFailure(FailureKind(result));
+        const std::string note = absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason);
+        bind_failures_[result.bdf] = note;
+        spdlog::warn("reconcile: {}; retrying in {} ms", note, backoff.delay.count());
+        Event(kube::EventType::kWarning, "BindBlocked", note);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (!bound.empty()) {
+    // Advertised now rather than at the plugin's next tick.
+    if (serving_) agent_->RescanNow();
+    spdlog::info("reconcile: bound {} to vfio: {}", bound.size(), absl::StrJoin(bound, ","));
+    Event(kube::EventType::kNormal, "GPUsBound",
+          absl::StrCat("bound ", bound.size(), " functions to vfio: ", absl::StrJoin(bound, ",")));
+  }
+}
+
+Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
+                                 const plugin::DeviceSnapshot& expected) {
+  std::vector<std::string> managed = selection.gpus;
+  managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
+  std::vector<std::string> gpus;
+  for (const std::string& bdf : selection.gpus) {
+    if (selection.RoleOf(bdf) == pci::Role::kGpu) gpus.push_back(bdf);
+  }
+
+  validation::NodeView view{.paths = options_.serve.paths, .inventory = &inventory, .selection = &selection,
+                            .expected = &expected};
+  std::string fingerprint;
+  for (const std::string& bdf : managed) {
+    const pci::Function* fn = inventory.Find(bdf);
+    absl::StrAppend(&fingerprint, bdf, "=", fn ? fn->driver : "?", ";");
+  }
+  RunHostChecks(view, fingerprint);
+
+  if (managed.empty()) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices",
+            .message = "no selected device on this node; nothing to pass through"};
+  }
+  std::vector<std::string> unbound;
+  for (const std::string& bdf : managed) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn != nullptr && pci::IsVfioDriver(fn->driver)) continue;
+    auto failure = bind_failures_.find(bdf);
+    unbound.push_back(failure != bind_failures_.end() ? failure->second
+                                                      : absl::StrCat(bdf, " on ", DriverText(fn ? fn->driver : "")));
+  }
+  if (!unbound.empty()) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = false, .check_id = "devices.bound", .reason = "DeviceNotBound",
+            .message = absl::StrCat("devices.bound: not on a vfio driver: ", absl::StrJoin(unbound, "; "))};
+  }
+  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  std::vector<std::string> missing, unhealthy;
+  for (const std::string& bdf : gpus) {
+    const plugin::PluginDevice* device = nullptr;
+    for (const auto& [name, resource] : served.resources) {
+      if ((device = resource.Find(bdf)) != nullptr) break;
+    }
+    if (device == nullptr) {
+      missing.push_back(bdf);
+    } else if (!device->healthy) {
+      unhealthy.push_back(absl::StrCat(bdf, " (", device->unhealthy_reason, ")"));
+    }
+  }
+  if (!missing.empty()) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = false, .check_id = "plugin.advertised", .reason = "DeviceNotAdvertised",
+            .message = absl::StrCat("plugin.advertised: bound but not advertised yet: ", absl::StrJoin(missing, ","))};
+  }
+  if (!unhealthy.empty()) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = false, .check_id = "plugin.healthy", .reason = "DeviceUnhealthy",
+            .message = absl::StrCat("plugin.healthy: ", absl::StrJoin(unhealthy, "; "))};
+  }
+  std::vector<std::string> unregistered;
+  for (const plugin::ResourceStatus& resource : agent_->Resources()) {
+    metrics_.SetRegistrations(resource.resource_name, resource.registrations);
+    auto it = served.resources.find(resource.resource_name);
+    if (it != served.resources.end() && !it->second.devices.empty() && !resource.registered) {
+      unregistered.push_back(resource.resource_name);
+    }
+  }
+  if (!unregistered.empty()) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = false, .check_id = "plugin.registered", .reason = "NotRegistered",
+            .message = absl::StrCat("plugin.registered: not registered with the kubelet: ",
+                                    absl::StrJoin(unregistered, ","))};
+  }
+  std::vector<validation::Check> checks = host_checks_;
+  std::vector<validation::Check> kubelet =
+      validation::KubeletChecks(view, options_.serve.paths.pod_resources_socket, options_.kubelet_wait);
+  checks.insert(checks.end(), kubelet.begin(), kubelet.end());
+  metrics_.SetValidation(checks);
+  for (const validation::Check& check : kubelet) {
+    if (check.result != validation::Result::kFail) continue;
+    return {.ready = false, .check_id = check.id, .reason = "NotAllocatable",
+            .message = absl::StrCat(check.id, ": ", check.subject, ": ", check.message)};
+  }
+  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
+          .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
+                                  absl::StrJoin(gpus, ","))};
+}
+
+// Layers 1-2 of the validator, run again only when a managed function changed driver (they read sysfs and
+// the dev tree, never a device's config space in D3cold); they decide the GPU Operator's status files.
+void Daemon::Impl::RunHostChecks(const validation::NodeView& view, const std::string& fingerprint) {
+  if (fingerprint == host_fingerprint_ && host_ready_written_) return;
+  host_fingerprint_ = fingerprint;
+  host_checks_ = validation::PlatformChecks(view);
+  std::vector<validation::Check> devices = validation::DeviceChecks(view);
+  host_checks_.insert(host_checks_.end(), devices.begin(), devices.end());
+  const bool host_ready = std::none_of(host_checks_.begin(), host_checks_.end(), [](const validation::Check& check) {
+    return check.result == validation::Result::kFail;
+  });
+  if (options_.status_dir.empty() || host_ready_written_ == host_ready) return;
+  if (absl::Status status = validation::WriteStatusFiles(options_.status_dir, host_ready); !status.ok()) {
+    spdlog::error("status files: {}", status.ToString());
+    return;
+  }
+  host_ready_written_ = host_ready;
+  spdlog::info("status files in {}: host {}", options_.status_dir.string(), host_ready ? "ready" : "not ready");
+}
+
+void Daemon::Impl::Publish(const Readiness& readiness) {
+  bool changed;
+  {
+    std::lock_guard lock(state_mu_);
+    changed = !published_ || !(readiness == readiness_);
+    readiness_ = readiness;
+    published_ = true;
+  }
+  ready_ = readiness.ready;
+  metrics_.SetReady(readiness.ready, readiness.check_id);
+  if (!changed) return;
+  if (readiness.ready) {
+    spdlog::info("ready: {}: {}", readiness.reason, readiness.message);
+    Event(kube::EventType::kNormal, "ValidationPassed", readiness.message);
+  } else {
+    spdlog::warn("not ready: {} ({}): {}", readiness.check_id, readiness.reason, readiness.message);
+    Event(kube::EventType::kWarning, readiness.reason == kOperatorReason ? kOperatorReason : "ValidationFailed",
+          readiness.message);
+  }
+  if (reporter_) {
+    reporter_->SetCondition({.ready = readiness.ready, .reason = readiness.reason, .message = readiness.message});
+  }
+}
+
+void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
+  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  std::map<std::pair<std::string, std::string>, int> counts;
+  std::set<std::string> advertised;
+  for (const auto& [name, resource] : served.resources) {
+    for (const plugin::PluginDevice& device : resource.devices) {
+      advertised.insert(device.id);
+      ++counts[{name, device.healthy ? "healthy" : "unhealthy"}];
+      auto [it, inserted] = health_seen_.try_emplace(device.id, device.healthy);
+      if (!inserted && it->second != device.healthy) {
+        if (device.healthy) {
+          Event(kube::EventType::kNormal, "DeviceRecovered", absl::StrCat(device.id, " ", name, " is healthy again"));
+        } else {
+          Event(kube::EventType::kWarning, "DeviceLost",
+                absl::StrCat(device.id, " ", name, " unhealthy: ", device.unhealthy_reason));
+        }
+      }
+      it->second = device.healthy;
+    }
+  }
+  for (const auto& [name, resource] : expected.resources) {
+    for (const plugin::PluginDevice& device : resource.devices) {
+      if (!advertised.contains(device.id)) ++counts[{name, "unbound"}];
+    }
+  }
+  metrics_.SetDevices(counts);
+}
+
+Daemon::Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(reporter))) {}
+Daemon::~Daemon() = default;
+absl::Status Daemon::Start() { return impl_->Start(); }
+void Daemon::Stop() { impl_->Stop(); }
+Readiness Daemon::State() const { return impl_->State(); }
+
+}  // namespace vfio_agent::daemon

@@ -1,0 +1,173 @@
+#include "run_harness.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "curl/curl.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+extern char** environ;
+
+namespace vfio_agent::daemon::testing {
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+std::filesystem::path PodResourcesSocket(const plugin::testing::Node& node) {
+  return node.kubelet_dir().parent_path() / "pod-resources.sock";
+}
+
+std::string DriverOf(const plugin::testing::Node& node, const std::string& bdf) {
+  std::error_code ec;
+  const auto link = std::filesystem::read_symlink(node.options.paths.sysfs_root / "bus/pci/devices" / bdf / "driver", ec);
+  return ec ? "" : link.filename().string();
+}
+
+absl::StatusOr<std::unique_ptr<RunProcess>> RunProcess::Start(plugin::testing::Node& node,
+                                                              const std::vector<std::string>& extra_args,
+                                                              const std::vector<std::string>& extra_env) {
+  std::unique_ptr<RunProcess> run(new RunProcess());
+  run->health_port_ = FreePort();
+  run->metrics_port_ = FreePort();
+  run->log_ = node.kubelet_dir().parent_path() / "run.log";
+  std::vector<std::string> args = {VA_AGENT_BIN,
+                                   "run",
+                                   "--sysfs-root",
+                                   node.options.paths.sysfs_root.string(),
+                                   "--dev-root",
+                                   node.options.paths.dev_root.string(),
+                                   "--kubelet-dir",
+                                   node.kubelet_dir().string(),
+                                   "--pod-resources-socket",
+                                   PodResourcesSocket(node).string(),
+                                   "--no-udev",
+                                   "--rescan-interval",
+                                   "200",
+                                   "--listen-address",
+                                   "127.0.0.1",
+                                   "--health-port",
+                                   std::to_string(run->health_port_),
+                                   "--metrics-port",
+                                   std::to_string(run->metrics_port_),
+                                   "--log-level",
+                                   "info"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // The test's own environment minus anything that would point the agent at a real cluster.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("VFIO_GPU_AGENT_", 0) == 0 || entry.rfind("KUBERNETES_", 0) == 0 ||
+        entry.rfind("NODE_NAME=", 0) == 0) {
+      continue;
+    }
+    env_strings.push_back(entry);
+  }
+  env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (std::string& entry : env_strings) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, run->log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int rc = ::posix_spawn(&run->pid_, VA_AGENT_BIN, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return absl::InternalError("posix_spawn " VA_AGENT_BIN " failed");
+  return run;
+}
+
+RunProcess::~RunProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::optional<bool> RunProcess::Check(const std::string& service) const {
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(health_port_), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  if (!stub->Check(&context, request, &response).ok()) return std::nullopt;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+bool RunProcess::WaitReady(bool ready, std::chrono::milliseconds timeout) const {
+  return WaitUntil([&] { return Check() == std::optional<bool>(ready); }, timeout);
+}
+
+namespace {
+size_t Append(char* data, size_t size, size_t count, void* out) {
+  static_cast<std::string*>(out)->append(data, size * count);
+  return size * count;
+}
+}  // namespace
+
+std::string RunProcess::Metrics() const {
+  std::string body;
+  CURL* curl = curl_easy_init();
+  const std::string url = "http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics";
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Append);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 2000L);
+  const CURLcode rc = curl_easy_perform(curl);
+  curl_easy_cleanup(curl);
+  return rc == CURLE_OK ? body : "";
+}
+
+bool RunProcess::WaitMetric(const std::string& line, std::chrono::milliseconds timeout) const {
+  return WaitUntil([&] { return Metrics().find(line) != std::string::npos; }, timeout);
+}
+
+int RunProcess::SignalAndWait(int signal) {
+  int status = -1;
+  if (::kill(pid_, signal) == 0 && ::waitpid(pid_, &status, 0) == pid_) pid_ = -1;
+  return status;
+}
+
+std::string RunProcess::Log() const {
+  std::ifstream in(log_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace vfio_agent::daemon::testing

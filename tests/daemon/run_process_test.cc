@@ -1,0 +1,232 @@
+// `vfio-gpu-agent run` itself, as the DaemonSet runs it, on the simulated 8x H200 node.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kube_api_sim.h"
+#include "run_harness.h"
+
+namespace vfio_agent::daemon::testing {
+namespace {
+
+using plugin::testing::kH200;
+using plugin::testing::kH200Gpus;
+using plugin::testing::Node;
+using ::testing::HasSubstr;
+
+constexpr char kSocket[] = "kubevirt-GH100_H200_SXM_141GB.sock";
+
+class RunProcessTest : public ::testing::Test {
+ protected:
+  void Boot() {
+    auto node = Node::Create("hgx-h200-8gpu.json");
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = *std::move(node);
+    ASSERT_TRUE(node_->StartKubelet({.pod_resources_socket = PodResourcesSocket(*node_)}).ok());
+  }
+  void StartRun(const std::vector<std::string>& args = {}, const std::vector<std::string>& env = {}) {
+    auto run = RunProcess::Start(*node_, args, env);
+    ASSERT_TRUE(run.ok()) << run.status();
+    run_ = *std::move(run);
+  }
+  bool AllOnVfio() {
+    for (const std::string& bdf : kH200Gpus) {
+      if (DriverOf(*node_, bdf) != "vfio-pci") return false;
+    }
+    return true;
+  }
+  void TearDown() override {
+    if (HasFailure() && run_) std::cerr << "--- run.log ---\n" << run_->Log() << "--- end ---\n";
+  }
+
+  std::unique_ptr<Node> node_;
+  std::unique_ptr<RunProcess> run_;
+};
+
+TEST_F(RunProcessTest, FirstStartBindsEightGpusAndBecomesReady) {
+  Boot();
+  for (const std::string& bdf : kH200Gpus) ASSERT_EQ(DriverOf(*node_, bdf), "nvidia");
+  StartRun();
+  EXPECT_TRUE(run_->WaitReady());
+  EXPECT_TRUE(AllOnVfio());
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(run_->Check("liveness"), std::optional<bool>(true));
+  const std::string metrics = run_->Metrics();
+  EXPECT_THAT(metrics, HasSubstr("vfio_gpu_agent_ready 1"));
+  EXPECT_THAT(metrics, HasSubstr("vfio_gpu_agent_devices{resource=\"nvidia.com/GH100_H200_SXM_141GB\",state=\"healthy\"} 8"));
+  EXPECT_THAT(metrics, HasSubstr("vfio_gpu_agent_binds_total{outcome=\"bound\"} 8"));
+  // An admitted VM pod goes through the plugin's Allocate, which the metrics count.
+  auto pod = node_->kubelet().Admit({.name = "vm", .limits = {{kH200, 2}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_allocations_total{resource=\"nvidia.com/GH100_H200_SXM_141GB\",result=\"ok\"} 1"));
+  EXPECT_THAT(run_->Metrics(), HasSubstr("vfio_gpu_agent_allocate_duration_seconds_count"));
+}
+
+// The stranded bind: the unbind from nvidia outlives its deadline (the sim holds it until released), the
+// kernel completes it later and leaves the GPU driverless with driver_override=vfio-pci; the loop finishes
+// the bind on a later pass, without a restart.
+TEST_F(RunProcessTest, GpuHeldPastItsDeadlineBecomesReadyLaterWithoutARestart) {
+  Boot();
+  ASSERT_TRUE(node_->Control("unbind-delay 0000:18:00.0 -1").ok());
+  StartRun({"--write-timeout", "300ms"});
+  ASSERT_TRUE(run_->WaitMetric("vfio_gpu_agent_not_ready{check=\"devices.bound\"} 1"));
+  EXPECT_EQ(run_->Check(), std::optional<bool>(false));
+  EXPECT_THAT(run_->Metrics(), HasSubstr("vfio_gpu_agent_bind_failures_total{reason=\"write_deadline\"}"));
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 7, 7));
+  const pid_t pid = run_->pid();
+  ASSERT_TRUE(node_->Control("unbind-delay 0000:18:00.0 0").ok());
+  ASSERT_TRUE(node_->Control("release 0000:18:00.0").ok());
+  EXPECT_TRUE(run_->WaitReady());
+  EXPECT_EQ(DriverOf(*node_, "0000:18:00.0"), "vfio-pci");
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(::kill(pid, 0), 0) << "the same process";
+}
+
+TEST_F(RunProcessTest, HotAddedGpuIsBoundAndAdvertised) {
+  Boot();
+  ASSERT_TRUE(node_->Control("remove 0000:db:00.0").ok());
+  StartRun({"--resync-interval", "200"});
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 7, 7));
+  ASSERT_TRUE(node_->Control("rescan").ok());
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(DriverOf(*node_, "0000:db:00.0"), "vfio-pci");
+  EXPECT_TRUE(run_->WaitReady());
+}
+
+// A GPU taken off vfio by someone else, whose re-bind fails: not ready with the reason in the metrics, the
+// node condition and an event; ready again once the bind succeeds.
+TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
+  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+  StartRun({"--kubeconfig", kubeconfig->string(), "--resync-interval", "200"}, {"NODE_NAME=node-a"});
+  ASSERT_TRUE(run_->WaitReady());
+  auto condition = [&](const std::string& status, const std::string& reason) {
+    auto node = (*api)->Node("node-a");
+    if (!node.ok()) return false;
+    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
+      if (c.value("type", "") == "GPUPassthroughReady") return c.value("status", "") == status && c.value("reason", "") == reason;
+    }
+    return false;
+  };
+  EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
+
+  ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 EIO").ok());
+  ASSERT_TRUE(node_->Control("set-driver 0000:18:00.0 none").ok());
+  EXPECT_TRUE(run_->WaitReady(false));
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_not_ready{check=\"devices.bound\"} 1"));
+  EXPECT_TRUE(WaitUntil([&] { return condition("False", "DeviceNotBound"); }));
+  EXPECT_TRUE(WaitUntil([&] {
+    auto events = (*api)->Events();
+    if (!events.ok()) return false;
+    for (const auto& event : *events) {
+      if (event.value("reason", "") == "BindBlocked" && event.value("note", "").find("0000:18:00.0") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }));
+  auto node = (*api)->Node("node-a");
+  ASSERT_TRUE(node.ok());
+  EXPECT_THAT(node->dump(), HasSubstr("devices.bound"));
+
+  ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 0").ok());
+  EXPECT_TRUE(run_->WaitReady());
+  EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
+}
+
+TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {
+  Boot();
+  const auto kubeconfig = node_->kubelet_dir().parent_path() / "kubeconfig";
+  std::ofstream(kubeconfig) << "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                               "clusters: [{name: k, cluster: {server: \"http://127.0.0.1:"
+                            << FreePort()
+                            << "\"}}]\nusers: [{name: u, user: {token: t}}]\n"
+                               "contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+  StartRun({"--kubeconfig", kubeconfig.string(), "--node-name", "node-a"});
+  EXPECT_TRUE(run_->WaitReady());
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_TRUE(AllOnVfio());
+}
+
+// A socket that answers on our resource's name before we serve it: the GPU Operator's sandbox plugin.
+TEST_F(RunProcessTest, OperatorsSandboxPluginPresentRefusesTheNode) {
+  Boot();
+  const auto socket_path = node_->kubelet_dir() / kSocket;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, socket_path.c_str(), sizeof address.sun_path - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  StartRun();
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_not_ready{check=\"coexistence.operator\"} 1"));
+  EXPECT_EQ(run_->Check(), std::optional<bool>(false));
+  EXPECT_EQ(run_->Check("liveness"), std::optional<bool>(true));
+  EXPECT_THAT(run_->Log(), HasSubstr("OperatorStillManagesNode"));
+  for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*node_, bdf), "nvidia") << bdf;
+  EXPECT_TRUE(node_->kubelet().Resources().empty());
+  ::close(fd);
+}
+
+TEST_F(RunProcessTest, OperatorLabelOnTheNodeRefusesItWithTheConditionReason) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {}});
+  ASSERT_TRUE(api.ok()) << api.status();
+  ASSERT_TRUE((*api)->Control(R"(node node-a {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"})").ok());
+  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
+  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a"});
+  EXPECT_TRUE(WaitUntil([&] {
+    auto node = (*api)->Node("node-a");
+    if (!node.ok()) return false;
+    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
+      if (c.value("type", "") == "GPUPassthroughReady") {
+        return c.value("status", "") == "False" && c.value("reason", "") == "OperatorStillManagesNode" &&
+               c.value("message", "").find("nvidia.com/gpu.deploy.sandbox-device-plugin") != std::string::npos;
+      }
+    }
+    return false;
+  }));
+  EXPECT_EQ(run_->Check(), std::optional<bool>(false));
+  for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*node_, bdf), "nvidia") << bdf;
+}
+
+class RunSignalTest : public RunProcessTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(RunSignalTest, DeregistersRemovesItsSocketExitsZeroAndUnbindsNothing) {
+  Boot();
+  StartRun();
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(std::filesystem::exists(node_->kubelet_dir() / kSocket));
+  const int status = run_->SignalAndWait(GetParam());
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_FALSE(std::filesystem::exists(node_->kubelet_dir() / kSocket));
+  EXPECT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = k.Resources().at(kH200);
+        return r.capacity == 0 && r.allocatable == 0;
+      },
+      kPatience));
+  EXPECT_TRUE(AllOnVfio());
+}
+
+INSTANTIATE_TEST_SUITE_P(EachStopSignal, RunSignalTest, ::testing::Values(SIGTERM, SIGINT, SIGHUP, SIGQUIT),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::string(sigabbrev_np(info.param)); });
+
+}  // namespace
+}  // namespace vfio_agent::daemon::testing
