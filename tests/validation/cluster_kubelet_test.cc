@@ -1,0 +1,151 @@
+// Layer 4 through the kubelet simulator's pod-resources server, with the real agent on the simulated node.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "validation/cluster_node.h"
+
+namespace vfio_agent::validation {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ClusterNode;
+using testing::FindCheck;
+using testing::kH200;
+using testing::kH200Gpus;
+using testing::ScriptedPlugin;
+using namespace std::chrono_literals;
+
+constexpr auto kWait = 5000ms;
+
+class ClusterKubeletTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto node = ClusterNode::Create();
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = *std::move(node);
+  }
+  void Serve() {
+    ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+    ASSERT_TRUE(node_->StartKubelet().ok());
+    ASSERT_TRUE(node_->StartAgent().ok());
+    ASSERT_TRUE(node_->WaitForKubelet(kH200, 8, 8)) << node_->kubelet().DescribeNode();
+  }
+  std::vector<Check> Run(const std::set<std::string>& remembered = {}) {
+    return KubeletChecks(node_->View(remembered), node_->paths.pod_resources_socket, kWait);
+  }
+  std::unique_ptr<ClusterNode> node_;
+};
+
+TEST_F(ClusterKubeletTest, NoPodResourcesSocketSkipsWithWhy) {
+  ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+  const auto checks = Run();
+  ASSERT_EQ(checks.size(), 2u);
+  for (const Check& check : checks) {
+    EXPECT_EQ(check.result, Result::kSkip) << check.id;
+    EXPECT_THAT(check.message, HasSubstr(node_->paths.pod_resources_socket.string()));
+    EXPECT_THAT(check.message, HasSubstr("--pod-resources-socket"));
+  }
+  EXPECT_NE(FindCheck(checks, "kubelet.allocatable"), nullptr);
+  EXPECT_NE(FindCheck(checks, "kubelet.in_use"), nullptr);
+}
+
+TEST_F(ClusterKubeletTest, ServedAndRegisteredNodePasses) {
+  Serve();
+  const auto checks = Run();
+  ASSERT_EQ(checks.size(), 2u);
+  const Check* allocatable = FindCheck(checks, "kubelet.allocatable", kH200);
+  ASSERT_NE(allocatable, nullptr);
+  EXPECT_EQ(allocatable->result, Result::kPass) << allocatable->message;
+  EXPECT_THAT(testing::EvidenceText(*allocatable), HasSubstr(std::string(kH200) + ": 8 devices: 0000:18:00.0,"));
+  const Check* in_use = FindCheck(checks, "kubelet.in_use", kH200);
+  ASSERT_NE(in_use, nullptr);
+  EXPECT_EQ(in_use->result, Result::kPass);
+  EXPECT_EQ(in_use->message, "0 of 8 in use");
+}
+
+TEST_F(ClusterKubeletTest, DevicesInUseAreListedWithTheirPod) {
+  Serve();
+  auto pod = node_->kubelet().Admit({.name = "virt-launcher-vm-a", .limits = {{kH200, 2}}, .pod_namespace = "tenant-a",
+                                     .container = "compute"});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  const auto& ids = pod->devices.at(kH200);
+  const auto checks = Run();
+  const Check* in_use = FindCheck(checks, "kubelet.in_use", kH200);
+  ASSERT_NE(in_use, nullptr);
+  EXPECT_EQ(in_use->result, Result::kPass);
+  EXPECT_EQ(in_use->message, "2 of 8 in use");
+  EXPECT_THAT(testing::EvidenceText(*in_use),
+              HasSubstr("tenant-a/virt-launcher-vm-a compute: " + ids[0] + "," + ids[1]));
+  // Devices in use stay allocatable (the kubelet reports every healthy device).
+  EXPECT_EQ(FindCheck(checks, "kubelet.allocatable", kH200)->result, Result::kPass);
+}
+
+TEST_F(ClusterKubeletTest, StaleKubeletViewFails) {
+  Serve();
+  ASSERT_TRUE(node_->kubelet().FreezeUpdates(kH200, true).ok());
+  ASSERT_TRUE(node_->Control("set-driver 0000:5d:00.0 nvidia").ok());
+  // The agent reports the GPU unhealthy; the frozen kubelet drops that update.
+  ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        for (const auto& e : k.Events()) {
+          if (e.kind == "list_ignored") return true;
+        }
+        return false;
+      },
+      10s));
+  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
+  const auto checks = Run(advertised);
+  const Check* allocatable = FindCheck(checks, "kubelet.allocatable", kH200);
+  ASSERT_NE(allocatable, nullptr);
+  EXPECT_EQ(allocatable->result, Result::kFail);
+  EXPECT_THAT(allocatable->message, HasSubstr("stale"));
+  EXPECT_THAT(allocatable->message, HasSubstr("allocatable but not healthy here: 0000:5d:00.0"));
+  EXPECT_THAT(allocatable->fix, HasSubstr("Restart the agent"));
+}
+
+TEST_F(ClusterKubeletTest, UnregisteredResourceFails) {
+  ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  // A plugin serves the socket but never registered: the kubelet knows nothing of the resource.
+  ScriptedPlugin unregistered(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), kH200Gpus);
+  ASSERT_TRUE(unregistered.Start().ok());
+  const auto checks = Run();
+  const Check* allocatable = FindCheck(checks, "kubelet.allocatable", kH200);
+  ASSERT_NE(allocatable, nullptr);
+  EXPECT_EQ(allocatable->result, Result::kFail);
+  EXPECT_THAT(allocatable->message, HasSubstr("holds no allocatable"));
+  EXPECT_THAT(testing::EvidenceText(*allocatable), HasSubstr(std::string(kH200) + ": (none)"));
+}
+
+TEST_F(ClusterKubeletTest, OurGpusAllocatableUnderAnotherNameFail) {
+  Serve();
+  ScriptedPlugin sandbox(node_->PluginSocket("kubevirt-2335.sock"), {"0000:18:00.0", "0000:2a:00.0"});
+  ASSERT_TRUE(sandbox.Start().ok());
+  ASSERT_TRUE(testing::RegisterWithKubelet(node_->kubelet().kubelet_socket(), "kubevirt-2335.sock",
+                                           "nvidia.com/2335").ok());
+  ASSERT_TRUE(node_->WaitForKubelet("nvidia.com/2335", 2, 2));
+  const auto checks = Run();
+  EXPECT_EQ(FindCheck(checks, "kubelet.allocatable", kH200)->result, Result::kPass);
+  const Check* other = FindCheck(checks, "kubelet.allocatable", "nvidia.com/2335");
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->result, Result::kFail);
+  EXPECT_THAT(other->message, HasSubstr("0000:18:00.0,0000:2a:00.0"));
+}
+
+TEST_F(ClusterKubeletTest, PodHoldingAGpuThatLostItsBindingWarns) {
+  Serve();
+  auto pod = node_->kubelet().Admit({.name = "vm-b", .limits = {{kH200, 1}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  const std::string held = pod->devices.at(kH200).at(0);
+  ASSERT_TRUE(node_->Control("set-driver " + held + " none").ok());
+  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
+  const auto checks = Run(advertised);
+  const Check* in_use = FindCheck(checks, "kubelet.in_use", kH200);
+  ASSERT_NE(in_use, nullptr);
+  EXPECT_EQ(in_use->result, Result::kWarn);
+  EXPECT_THAT(in_use->message, HasSubstr(held));
+  EXPECT_FALSE(in_use->fix.empty());
+}
+
+}  // namespace
+}  // namespace vfio_agent::validation
