@@ -14,17 +14,17 @@
 namespace vfio_agent::kube {
 
 struct ClusterConfig {
-  std::string server;                  // "https://10.96.0.1:443", no trailing slash
-  std::filesystem::path ca_file;       // CA bundle file, or
-  std::string ca_pem;                  // the bundle itself (certificate-authority-data); both empty: system CAs
+  std::string server{};                  // "https://10.96.0.1:443", no trailing slash
+  std::filesystem::path ca_file{};       // CA bundle file, or
+  std::string ca_pem{};                  // the bundle itself (certificate-authority-data); both empty: system CAs
   bool insecure_skip_tls_verify = false;
-  std::string token;                   // a fixed bearer token, or
-  std::filesystem::path token_file;    // one re-read when it rotates
-  std::filesystem::path client_cert_file;
-  std::string client_cert_pem;
-  std::filesystem::path client_key_file;
-  std::string client_key_pem;
-  std::string source;                  // "kubeconfig /path" / "in-cluster /var/run/...": for messages
+  std::string token{};                   // a fixed bearer token, or
+  std::filesystem::path token_file{};    // one re-read when it rotates
+  std::filesystem::path client_cert_file{};
+  std::string client_cert_pem{};
+  std::filesystem::path client_key_file{};
+  std::string client_key_pem{};
+  std::string source{};                  // "kubeconfig /path" / "in-cluster /var/run/...": for messages
 };
 
 // current-context's cluster and user. Relative file names are relative to the kubeconfig's directory, as

@@ -158,9 +158,12 @@ TEST(TokenSourceTest, ReloadSeesAChangeTheMetadataHid) {
 TEST(ConnectTest, NoClusterIsNotFoundAndNodeNameIsRequired) {
   TempDir dir;
   ::unsetenv("KUBERNETES_SERVICE_HOST");
-  auto none = ConnectNodeReporter({.service_account_dir = dir.path(), .node_name = "node-a"});
+  ConnectOptions in_cluster;
+  in_cluster.service_account_dir = dir.path();
+  in_cluster.node_name = "node-a";
+  auto none = ConnectNodeReporter(in_cluster);
   EXPECT_TRUE(absl::IsNotFound(none.status())) << none.status();
-  EXPECT_TRUE(absl::IsInvalidArgument(ConnectNodeReporter({.kubeconfig = "/nonexistent"}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ConnectNodeReporter({.kubeconfig = "/nonexistent", .node_name = ""}).status()));
   auto bad_name = ConnectNodeReporter({.kubeconfig = "/nonexistent", .node_name = "../etc"});
   EXPECT_THAT(bad_name.status().message(), HasSubstr("invalid node name"));
   auto bad_kubeconfig = ConnectNodeReporter({.kubeconfig = dir.path() / "missing", .node_name = "node-a"});

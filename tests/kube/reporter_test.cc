@@ -126,7 +126,9 @@ TEST_F(ReporterTest, ConditionPatchedOnlyWhenItChanges) {
   EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"200", "200", "200"}));
   EXPECT_EQ(api_->Count("GET", kNode), 1u);
   for (const sim::KubeApiRequest& request : api_->Log()) {
-    if (request.method == "PATCH") EXPECT_EQ(request.content_type, "application/strategic-merge-patch+json");
+    if (request.method == "PATCH") {
+      EXPECT_EQ(request.content_type, "application/strategic-merge-patch+json");
+    }
   }
   EXPECT_EQ((*api_->Node("node-a"))["status"]["conditions"].size(), 2u);  // the kubelet's Ready is kept
 }
@@ -417,7 +419,10 @@ TEST(InClusterTlsTest, ServiceAccountOverHttpsWithTokenRotation) {
 
   ::setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1", 1);
   ::setenv("KUBERNETES_SERVICE_PORT", port.c_str(), 1);
-  auto reporter = ConnectNodeReporter({.service_account_dir = sa, .node_name = "node-a"});
+  ConnectOptions options;
+  options.service_account_dir = sa;
+  options.node_name = "node-a";
+  auto reporter = ConnectNodeReporter(options);
   ::unsetenv("KUBERNETES_SERVICE_HOST");
   ::unsetenv("KUBERNETES_SERVICE_PORT");
   ASSERT_TRUE(reporter.ok()) << reporter.status();
