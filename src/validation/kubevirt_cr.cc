@@ -14,7 +14,8 @@ YAML::Node Walk(const YAML::Node& root, std::initializer_list<const char*> path)
   YAML::Node node = root;
   for (const char* key : path) {
     if (!node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-    node = node[key];
+    // reset, not assignment: assigning one YAML::Node to another overwrites the referenced node in the tree.
+    node.reset(node[key]);
     if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
   }
   return node;
