@@ -21,6 +21,35 @@ void AddNode(cdi::v1::ContainerEdits* edits, const std::string& path) {
   node->set_permissions("rw");
 }
 
+bool IsLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsAlnum(char c) { return IsLetter(c) || (c >= '0' && c <= '9'); }
+
+// The least cdiVersion that allows what the spec uses (the reference library refuses an older one): device
+// names starting with a digit, as every BDF does, need 0.5.0; a '.' in the kind's class needs 0.6.0.
+std::string RequiredCdiVersion(const ResourceDevices& resource) {
+  const size_t slash = resource.resource_name.find('/');
+  if (slash != std::string::npos && resource.resource_name.find('.', slash) != std::string::npos) return "0.6.0";
+  for (const PluginDevice& device : resource.devices) {
+    if (!device.id.empty() && !IsLetter(device.id.front())) return "0.5.0";
+  }
+  return "0.3.0";
+}
+
+// A CDI kind is vendor/class: each starts with a letter and ends alphanumeric; [A-Za-z0-9_.-] between.
+absl::Status ValidateCdiKind(std::string_view kind) {
+  auto valid = [](std::string_view part) {
+    return !part.empty() && IsLetter(part.front()) && IsAlnum(part.back()) &&
+           std::all_of(part.begin(), part.end(), [](char c) { return IsAlnum(c) || c == '_' || c == '.' || c == '-'; });
+  };
+  const size_t slash = kind.find('/');
+  if (slash == std::string_view::npos || !valid(kind.substr(0, slash)) || !valid(kind.substr(slash + 1))) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", std::string(kind),
+                                                   "\" is not a CDI kind (vendor/class, each starting with a letter); "
+                                                   "no CDI spec written, give the resource a name with --resource-name"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CdiDeviceName(std::string_view resource_name, std::string_view device_id) {
@@ -35,7 +64,7 @@ std::filesystem::path CdiSpecPath(const std::filesystem::path& cdi_dir, std::str
 
 std::string CdiSpecJson(const ResourceDevices& resource, bool iommufd) {
   cdi::v1::Spec spec;
-  spec.set_cdi_version("0.3.0");
+  spec.set_cdi_version(RequiredCdiVersion(resource));
   spec.set_kind(resource.resource_name);
   for (const PluginDevice& device : resource.devices) {
     cdi::v1::Device* entry = spec.add_devices();
@@ -56,6 +85,7 @@ std::string CdiSpecJson(const ResourceDevices& resource, bool iommufd) {
 }
 
 absl::Status WriteCdiSpec(const std::filesystem::path& cdi_dir, const ResourceDevices& resource, bool iommufd) {
+  if (absl::Status kind = ValidateCdiKind(resource.resource_name); !kind.ok()) return kind;
   std::error_code ec;
   std::filesystem::create_directories(cdi_dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("create ", cdi_dir.string(), ": ", ec.message()));

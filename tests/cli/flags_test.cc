@@ -109,5 +109,38 @@ TEST(CommonOptionsTest, RejectsBadVendor) {
   }
 }
 
+// Issue 9: a --resource-domain the kubelet would refuse is a usage error at start, not a Register that fails
+// forever; a good one is kept as given.
+TEST(CommonOptionsTest, RejectsAnInvalidResourceDomain) {
+  for (const char* bad : {"--resource-domain=Bad_Domain", "--resource-domain=gpu.kubernetes.io",
+                          "--resource-domain=requests.example.com", "--resource-domain=", "--resource-domain=a..b"}) {
+    FlagValues values;
+    bool help = false;
+    FakeEnv env;
+    ASSERT_TRUE(ParseFlags({bad}, CommonFlagSpecs(), &values, &help, env.fn()).ok());
+    absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--resource-domain"), std::string::npos) << options.status();
+  }
+  FlagValues values;
+  bool help = false;
+  FakeEnv env;
+  ASSERT_TRUE(ParseFlags({"--resource-domain=gpu.example.io"}, CommonFlagSpecs(), &values, &help, env.fn()).ok());
+  absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->resource_domain, "gpu.example.io");
+}
+
+// An override file that is not a regular file is refused with its path, not read forever or waited on.
+TEST(CommonOptionsTest, RejectsAnOverrideFileThatIsNotARegularFile) {
+  FlagValues values;
+  bool help = false;
+  FakeEnv env;
+  ASSERT_TRUE(ParseFlags({"--resource-name-file=/dev/zero"}, CommonFlagSpecs(), &values, &help, env.fn()).ok());
+  absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("/dev/zero"), std::string::npos) << options.status();
+}
+
 }  // namespace
 }  // namespace vfio_agent::cli

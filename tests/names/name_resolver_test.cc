@@ -1,8 +1,14 @@
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "support/sysfs_tree.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 
 namespace vfio_agent::names {
@@ -13,6 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
+const char kDebianPciIds[] = "/usr/share/misc/pci.ids";
 constexpr uint16_t kNvidia = 0x10de;
 
 // An in-memory pci.ids for inputs no real snapshot has (adversarial collisions, long names).
@@ -81,42 +88,123 @@ const CozystackEntry kCozystack[] = {
     {0x1df6, "nvidia.com/GV100GL_TESLA_V100S_PCIE_32GB"},
 };
 
-class CozystackTableTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(CozystackTableTest, AllNineteenEntriesResolveAsListed) {
-  std::unique_ptr<PciIdsDatabase> db;
-  if (!GetParam().empty()) {
-    if (!std::filesystem::exists(GetParam())) GTEST_SKIP() << GetParam() << " not installed";
-    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> loaded = LoadPciIds(GetParam());
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    db = *std::move(loaded);
-  }
-  std::vector<std::pair<uint16_t, uint16_t>> ids;
-  for (const auto& e : kCozystack) ids.emplace_back(kNvidia, e.device);
-  // Resolved together, as on a node holding every model: no entry may be renamed by a collision.
-  const auto together = NameResolver(db.get(), "nvidia.com", {}).Resolve(ids);
-  ASSERT_EQ(together.size(), 19u);
-  for (const auto& e : kCozystack) {
-    const ResolvedName& r = together.at(NameKey(kNvidia, e.device));
-    EXPECT_EQ(r.resource_name, e.resource_name) << std::hex << e.device;
-    EXPECT_EQ(r.source, NameSource::kPinned);
-    EXPECT_THAT(r.issue, IsEmpty());
-    // And each alone, as on a node with one model.
-    const auto alone = NameResolver(db.get(), "nvidia.com", {}).Resolve(Nvidia({e.device}));
-    EXPECT_EQ(alone.at(NameKey(kNvidia, e.device)).resource_name, e.resource_name);
-  }
-  ExpectRegistrable(together);
+// The pinned table is Cozystack's, as the reference lists it (not as the code spells it).
+TEST(CozystackTableTest, PinnedTableIsTheReferenceTable) {
+  std::map<uint16_t, std::string> reference;
+  for (const auto& e : kCozystack) reference[e.device] = std::string(e.resource_name).substr(strlen("nvidia.com/"));
+  EXPECT_EQ(PinnedNames(), reference);
 }
 
-INSTANTIATE_TEST_SUITE_P(PciIdsSnapshots, CozystackTableTest,
-                         ::testing::Values("/usr/share/misc/pci.ids", (kTestdata / "pci.ids.old").string(),
-                                           (kTestdata / "pci.ids.new").string(), std::string()),
-                         [](const auto& info) {
-                           const std::string& p = info.param;
-                           if (p.empty()) return std::string("NoPciIds");
-                           if (p.find("testdata") == std::string::npos) return std::string("DebianSystem");
-                           return std::string(p.ends_with(".old") ? "OldFixture" : "NewFixture");
-                         });
+// A pci.ids holding `names` under vendor 10de, one device line each, written as the file is.
+std::filesystem::path WritePciIds(const std::filesystem::path& path, const std::vector<std::pair<uint16_t, std::string>>& names) {
+  std::ofstream out(path);
+  out << "# test pci.ids\n10de  NVIDIA Corporation\n";
+  for (const auto& [device, name] : names) out << "\t" << absl::StrFormat("%04x", device) << "  " << name << "\n";
+  return path;
+}
+
+// Unpinned ids, so that the names below come from the pci.ids text (loader and NVIDIA's rule), not the table.
+constexpr uint16_t kFirstUnpinnedId = 0xf000;
+
+class CozystackNamesFromPciIdsTest : public ::testing::Test {
+ protected:
+  // Writes each text as a device line of its own unpinned id, loads the file and returns the resource name
+  // NVIDIA's rule gives each device line as read back by the loader.
+  std::vector<std::string> NamesFromText(const std::vector<std::string>& texts) {
+    std::vector<std::pair<uint16_t, std::string>> lines;
+    for (size_t i = 0; i < texts.size(); ++i) lines.emplace_back(kFirstUnpinnedId + i, texts[i]);
+    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(WritePciIds(dir_.path() / "pci.ids", lines));
+    EXPECT_TRUE(db.ok()) << db.status();
+    std::vector<std::string> out;
+    if (!db.ok()) return out;
+    for (const auto& [device, text] : lines) {
+      std::optional<std::string> read = (*db)->DeviceName(kNvidia, device);
+      EXPECT_TRUE(read.has_value()) << text;
+      out.push_back("nvidia.com/" + Slug(read.value_or("")));
+    }
+    return out;
+  }
+  vfio_agent::testing::TempDir dir_{"va-names"};
+};
+
+// pci.ids as it spells Cozystack's 19 models today: NVIDIA's rule turns each text into the name Cozystack
+// lists, so the pinned table and the peer plugin agree on an up-to-date host.
+TEST_F(CozystackNamesFromPciIdsTest, TodaysSpellingsGiveCozystacksNames) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> today = LoadPciIds(kTestdata / "pci.ids.new");
+  ASSERT_TRUE(today.ok()) << today.status();
+  std::vector<std::string> texts;
+  for (const auto& e : kCozystack) {
+    std::optional<std::string> text = (*today)->DeviceName(kNvidia, e.device);
+    ASSERT_TRUE(text.has_value()) << std::hex << e.device;
+    texts.push_back(*text);
+  }
+  const std::vector<std::string> names = NamesFromText(texts);
+  ASSERT_EQ(names.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(names[i], kCozystack[i].resource_name) << texts[i];
+
+  // Through the resolver, such a text under an id of its own takes the suffix: the pinned name is taken.
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db =
+      LoadPciIds(WritePciIds(dir_.path() / "one.ids", {{kFirstUnpinnedId, texts[0]}}));
+  ASSERT_TRUE(db.ok()) << db.status();
+  const ResolvedName moved =
+      NameResolver(db->get(), "nvidia.com", {}).Resolve(Nvidia({kFirstUnpinnedId})).at(NameKey(kNvidia, kFirstUnpinnedId));
+  EXPECT_EQ(moved.source, NameSource::kPciIds);
+  EXPECT_EQ(moved.pci_ids_name, texts[0]);
+  EXPECT_EQ(moved.resource_name, absl::StrCat(kCozystack[0].resource_name, "_F000"));
+}
+
+// Spellings pci.ids has used or could use: case, runs of blanks, tabs, trailing blanks, punctuation.
+TEST_F(CozystackNamesFromPciIdsTest, OddSpellingsGiveTheExpectedNames) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"GH100  [H200   SXM 141GB]", "nvidia.com/GH100_H200_SXM_141GB"},
+      {"GH100 [H200\tSXM\t\t141GB]", "nvidia.com/GH100_H200_SXM_141GB"},
+      {"gh100 [h200 sxm 141gb]", "nvidia.com/GH100_H200_SXM_141GB"},
+      {"GA100 [A100 PCIe 40GB]   ", "nvidia.com/GA100_A100_PCIE_40GB"},
+      {"GV100GL [Tesla V100S PCIe 32GB]", "nvidia.com/GV100GL_TESLA_V100S_PCIE_32GB"},
+      {"GA100 [A100-PCIe-80GB]", "nvidia.com/GA100_A100PCIE80GB"},
+      {"GH100 [GH200 120GB / 480GB]", "nvidia.com/GH100_GH200_120GB___480GB"},
+      // "." and the blank after it are two characters the rule maps to "_" each.
+      {"AD102GL [L40S] (rev. a1)", "nvidia.com/AD102GL_L40S_REV__A1"},
+      {"GH100[H100 SXM5 80GB]", "nvidia.com/GH100H100_SXM5_80GB"},
+  };
+  std::vector<std::string> texts;
+  for (const auto& [text, expected] : cases) texts.push_back(text);
+  const std::vector<std::string> names = NamesFromText(texts);
+  ASSERT_EQ(names.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(names[i], cases[i].second) << texts[i];
+}
+
+// Debian 12's pci.ids spells two of the models otherwise ("GH100", "GH100[H100 SXM5 80GB]") and lacks the
+// H200 and L40S: by NVIDIA's rule those give other names, which is why the table is pinned. Pinned ids
+// resolve as Cozystack lists with that database, today's, the host's, or none.
+TEST_F(CozystackNamesFromPciIdsTest, OldSpellingsGiveOtherNamesSoTheTableIsPinned) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> old = LoadPciIds(kTestdata / "pci.ids.old");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)->DeviceName(kNvidia, 0x2335), std::nullopt);
+  const std::vector<std::string> drifted =
+      NamesFromText({*(*old)->DeviceName(kNvidia, 0x2321), *(*old)->DeviceName(kNvidia, 0x2330)});
+  ASSERT_EQ(drifted.size(), 2u);
+  EXPECT_EQ(drifted[0], "nvidia.com/GH100");
+  EXPECT_EQ(drifted[1], "nvidia.com/GH100H100_SXM5_80GB");
+
+  std::vector<std::unique_ptr<PciIdsDatabase>> databases;
+  databases.push_back(*std::move(old));
+  databases.push_back(nullptr);
+  for (const std::filesystem::path& path : {kTestdata / "pci.ids.new", std::filesystem::path(kDebianPciIds)}) {
+    if (!std::filesystem::exists(path)) continue;  // the host's copy is optional here
+    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
+    ASSERT_TRUE(db.ok()) << db.status();
+    databases.push_back(*std::move(db));
+  }
+  for (const auto& db : databases) {
+    for (const auto& e : kCozystack) {
+      const auto alone = NameResolver(db.get(), "nvidia.com", {}).Resolve(Nvidia({e.device}));
+      EXPECT_EQ(alone.at(NameKey(kNvidia, e.device)).resource_name, e.resource_name)
+          << std::hex << e.device << " with " << (db ? db->source() : "no pci.ids");
+      EXPECT_THAT(alone.at(NameKey(kNvidia, e.device)).issue, IsEmpty());
+    }
+  }
+}
 
 class NewFixtureTest : public ::testing::Test {
  protected:

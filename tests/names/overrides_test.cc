@@ -1,3 +1,6 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -64,6 +67,19 @@ TEST(LoadOverrideFileTest, ErrorNamesPathAndLine) {
   EXPECT_EQ(overrides.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(overrides.status().message(), HasSubstr(path.string() + ":4:"));
   EXPECT_THAT(overrides.status().message(), HasSubstr("10de-2236=BROKEN"));
+}
+
+TEST(LoadOverrideFileTest, FifoAndDeviceAreRefusedWithoutBlocking) {
+  const std::filesystem::path fifo =
+      std::filesystem::temp_directory_path() / ("va_overrides_fifo_" + std::to_string(::getpid()));
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::vector<NameOverride>> piped = LoadOverrideFile(fifo);
+  std::filesystem::remove(fifo);
+  EXPECT_EQ(piped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(piped.status().message(), HasSubstr("FIFO"));
+  absl::StatusOr<std::vector<NameOverride>> zero = LoadOverrideFile("/dev/zero");
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(zero.status().message(), HasSubstr("/dev/zero"));
 }
 
 TEST(LoadOverrideFileTest, MissingFileIsNotFoundWithThePath) {

@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <cctype>
 #include <cstdlib>
@@ -15,6 +17,7 @@ extern "C" {
 namespace vfio_agent::names {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 
@@ -139,6 +142,20 @@ TEST_F(LoadPciIdsErrorTest, DirectoryIsRejected) {
   absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(dir_);
   EXPECT_FALSE(db.ok());
   EXPECT_THAT(db.status().message(), HasSubstr(dir_.string()));
+}
+
+// `--pci-ids /dev/zero` used to read until std::bad_alloc aborted the agent; a FIFO blocked it forever.
+TEST_F(LoadPciIdsErrorTest, EndlessDeviceAndFifoAreRefusedWithThePath) {
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> zero = LoadPciIds("/dev/zero");
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(zero.status().message(), AllOf(HasSubstr("/dev/zero"), HasSubstr("not a regular file")));
+  const std::filesystem::path fifo = dir_ / "pci.ids.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> piped = LoadPciIds(fifo);
+  EXPECT_EQ(piped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(piped.status().message(), AllOf(HasSubstr(fifo.string()), HasSubstr("FIFO")));
+  // The lazy database of `serve` finds nothing instead of failing or hanging.
+  EXPECT_EQ(LazyPciIds("/dev/zero")->DeviceName(0x10de, 0x2236), std::nullopt);
 }
 
 TEST_F(LoadPciIdsErrorTest, MalformedFileNamesPathAndLineInsteadOfExiting) {
