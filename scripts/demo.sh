@@ -1,8 +1,8 @@
 #!/bin/bash
 # The main job on the built-in simulated GPU node (8x H200 SXM + 4 NVSwitches on 2 NUMA nodes):
 # inspect -> bind (nvidia -> vfio-pci) -> serve, registered with the kubelet simulator -> node capacity
-# -> one VM pod admitted with its Allocate response. Sets the machine up first (root, Debian 12), takes
-# seconds once built, and leaves nothing behind.
+# -> one VM pod admitted with its Allocate response -> validate (every layer). Sets the machine up first
+# (root, Debian 12), takes seconds once built, and leaves nothing behind.
 # Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +18,9 @@ sim=$bin/tests/sim/sysfs_sim/sysfs-sim
 kubelet=$bin/tests/sim/kubelet_sim/kubelet-sim
 
 work=$(mktemp -d /tmp/vfio-gpu-agent-demo.XXXXXX)
-sim_pid=""; serve_pid=""
+sim_pid=""; serve_pid=""; kubelet_pid=""
 cleanup() {
+  [ -n "$kubelet_pid" ] && kill "$kubelet_pid" 2>/dev/null && wait "$kubelet_pid" 2>/dev/null || true
   [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null || true
   [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null && wait "$sim_pid" 2>/dev/null || true
   fusermount3 -u -z "$work/node/sys" 2>/dev/null || true
@@ -36,9 +37,9 @@ sim_pid=$!
 read -r ready_line < "$work/ready"
 echo "$ready_line"
 
-roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/proc-none"
+roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc"
        --kubelet-dir "$work/kubelet" --modules-root "$work/modules-none")
-mkdir -p "$work/proc-none" "$work/kubelet"
+mkdir -p "$work/kubelet"
 
 step "vfio-gpu-agent inspect"
 "$agent" inspect "${roots[@]}" || true
@@ -52,7 +53,32 @@ serve_pid=$!
 
 resource=$("$agent" inspect "${roots[@]}" --json | sed -n 's/.*"resourceName": "\(nvidia.com\/[^"]*\)".*/\1/p' | sort -u | head -1)
 count=$("$agent" inspect "${roots[@]}" --json | grep -c "\"resourceName\": \"$resource\"")
-"$kubelet" --dir "$work/kubelet" --wait "$resource=$count" --timeout-ms 10000 \
-  --admit "vm-gpu-1:$resource=1" --describe
+# The kubelet simulator keeps serving (pod-resources too) so that `validate` below sees the whole chain.
+"$kubelet" --dir "$work/kubelet" --pod-resources-socket "$work/pod-resources.sock" --wait "$resource=$count" \
+  --timeout-ms 10000 --admit "vm-gpu-1:$resource=1" --describe --serve-forever > "$work/kubelet.out" 2>&1 &
+kubelet_pid=$!
+# Its report is complete once the node description (the last thing it prints) is there.
+for _ in $(seq 1000); do
+  grep -q '^Allocatable:' "$work/kubelet.out" 2>/dev/null && break
+  kill -0 "$kubelet_pid" 2>/dev/null || break
+  sleep 0.01
+done
+cat "$work/kubelet.out"
+grep -q '^Allocatable:' "$work/kubelet.out"
+
+step "vfio-gpu-agent validate (every layer; a KubeVirt CR permitting $resource; status files in $work/validations)"
+cat > "$work/kubevirt.yaml" <<EOF
+apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata: {name: kubevirt, namespace: kubevirt}
+spec:
+  configuration:
+    developerConfiguration: {featureGates: [HostDevices]}
+    permittedHostDevices:
+      pciHostDevices:
+      - {pciVendorSelector: "10DE:2335", resourceName: $resource, externalResourceProvider: true}
+EOF
+"$agent" validate "${roots[@]}" --pod-resources-socket "$work/pod-resources.sock" --kubevirt-cr "$work/kubevirt.yaml" \
+  --status-dir "$work/validations" --log-level warn || true
 
 step "done: $count x $resource advertised; cleaning up"

@@ -154,6 +154,15 @@ scenario_bind() {
         check "$label $b driver link is vfio-pci (is: $DRV) and /dev/vfio/$GRP exists" bound "$b"
         check "$label $b usable through VFIO (group viable, SET_IOMMU, GET_DEVICE_FD)" vfio_usable "$b"
     done
+    if [ -z "$short" ] && [ -z "$blocked_list" ]; then
+        # The validator on the real kernel: layers 1-2 (platform, devices) must pass once bind has run; without
+        # the bind step the failing check ids end up in the description (device.driver).
+        run_agent validate --layers platform,devices --vendor "$vendor" --classes "$classes"
+        vfails=$(sed -n 's/^  FAIL  \([a-z_.]*\).*/\1/p' /tmp/agent.out | sort -u | tr '\n' ' ')
+        check "$label validate: layers 1-2 pass on the real kernel (exit $RC; failing: ${vfails:-none})" [ "$RC" = 0 ]
+        check "$label validate: the VT-d unit's interrupt remapping is seen" \
+            grep -q "^  pass  iommu.interrupt_remapping" /tmp/agent.out
+    fi
     for b in $blocked_list; do
         lookup "$b" "$before"; fn "$b"
         check "$label blocked $b left untouched (driver $DRV, was $WAS; driver_override $OVR)" \
@@ -215,7 +224,12 @@ scenario_open_group() {
     section "unbind refuses an open group ($b, /dev/vfio/$g held by a process)"
     sleep 300 3<> "/dev/vfio/$g" &
     holder=$!
-    usleep 200000
+    # Held once the holder's fd 3 points at the group node (its shell opens it before exec'ing sleep).
+    polls=0
+    until [ "$(readlink "/proc/$holder/fd/3" 2> /dev/null)" = "/dev/vfio/$g" ] || [ $polls -ge 3000 ]; do
+        polls=$((polls + 1)); usleep 10000
+    done
+    check "the holder (pid $holder) has /dev/vfio/$g open" [ "$(readlink "/proc/$holder/fd/3")" = "/dev/vfio/$g" ]
     run_agent unbind --device "$b"
     check "unbind --device $b exits non-zero while /dev/vfio/$g is open" rc_nonzero $RC
     check "$b stays on vfio-pci" driver_is "$b" vfio-pci

@@ -17,6 +17,7 @@ commands:
   serve     advertise vfio-bound GPUs to the kubelet (Device Plugin API v1beta1)
   run       bind, then serve: what the DaemonSet runs
   kubevirt-config  print the KubeVirt permittedHostDevices entries for this node's GPUs
+  validate  check the passthrough chain (platform, devices, plugin, kubelet, KubeVirt) and say how to fix it
 
 `vfio-gpu-agent <command> --help` lists a command's options. Every option can also be set through an
 environment variable VFIO_GPU_AGENT_<OPTION> (e.g. VFIO_GPU_AGENT_SYSFS_ROOT).
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   if (command == "serve") return RunServe(args, std::cout);
   if (command == "run") return RunRun(args, std::cout);
   if (command == "kubevirt-config") return RunKubevirtConfig(args, std::cout);
+  if (command == "validate") return RunValidate(args, std::cout);
   std::cerr << "vfio-gpu-agent: unknown command \"" << command << "\"\n\n" << kUsage;
   return kExitUsage;
 }

@@ -44,6 +44,10 @@ int Kernel::Control(std::unique_lock<std::mutex>& /*lock*/, absl::string_view co
     dev->bind_errno = *err;
     return 0;
   }
+  if (verb == "power-state" && (value == "D0" || value == "D3hot" || value == "D3cold")) {
+    dev->power_state = value;
+    return 0;
+  }
   if (verb == "dead" && (value == "0" || value == "1")) {
     dev->dead = value == "1";
     return 0;

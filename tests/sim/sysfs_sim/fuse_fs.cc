@@ -105,6 +105,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if ((mode != O_RDONLY && !(e->mode & 0222)) || (mode != O_WRONLY && !(e->mode & 0444))) {
     return (void)fuse_reply_err(req, EACCES);  // kernfs refuses opens the attribute has no method for
   }
+  if (e->attr == Attr::kConfig && mode != O_WRONLY) Fs(req).kernel().WakeForConfigRead(e->key);
   auto file = std::make_unique<OpenFile>();
   file->content = e->live_log ? Fs(req).kernel().LogText() : e->content;
   file->attr = e->attr;

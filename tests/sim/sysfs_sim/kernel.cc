@@ -27,14 +27,17 @@ bool ParseFlag(absl::string_view data, unsigned long& value) {  // kstrtoul()
 
 }  // namespace
 
-Kernel::Kernel(NodeSpec node, std::filesystem::path dev_root) : dev_root_(std::move(dev_root)) {
+Kernel::Kernel(NodeSpec node, std::filesystem::path dev_root, std::filesystem::path proc_root)
+    : dev_root_(std::move(dev_root)), proc_root_(std::move(proc_root)) {
   state_.iommu = node.iommu;
+  state_.platform = node.platform;
   state_.drivers = node.drivers;
   for (auto& spec : node.devices) {
     DeviceState dev;
     dev.spec = spec;
     dev.present = !spec.removed;
     dev.dead = spec.dead;
+    dev.power_state = spec.power_state;
     dev.unbind_delay_ms = spec.unbind_delay_ms;
     dev.bind_errno = spec.bind_errno;
     state_.devices.push_back(std::move(dev));
@@ -52,6 +55,9 @@ absl::Status Kernel::Start() {
   std::error_code ec;
   std::filesystem::create_directories(dev_root_, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dev_root_.string(), ": ", ec.message()));
+  if (!proc_root_.empty()) {
+    if (auto st = WriteProcFiles(state_.platform, proc_root_); !st.ok()) return st;
+  }
   std::lock_guard lock(mu_);
   snapshot_ = BuildTree(state_);
   return SyncDevTree(state_, dev_root_);
@@ -90,6 +96,7 @@ int Kernel::Write(Attr attr, const std::string& key, absl::string_view data) {
       Log(WithErr("reset " + key, err));
       break;
     case Attr::kControl: err = Control(lock, data); break;
+    case Attr::kConfig: err = EPERM; break;  // config writes are not modelled
     case Attr::kNone: err = EACCES; break;
   }
   Publish();
@@ -296,6 +303,17 @@ void Kernel::RescanAll() {
     dev.present = true;
     if (state_.HasDriver(dev.spec.default_driver)) Probe(dev.spec.default_driver, dev);
   }
+}
+
+// pci_read_config() resumes the device (pci_config_pm_runtime_get) before it reads: from D3cold that is a
+// power-up of the GPU, which is why the agent must not read config space of a sleeping device.
+void Kernel::WakeForConfigRead(const std::string& bdf) {
+  std::lock_guard lock(mu_);
+  DeviceState* dev = state_.FindPresent(bdf);
+  if (!dev || dev->power_state != "D3cold") return;
+  dev->power_state = "D0";
+  Log("wake " + bdf);
+  Publish();
 }
 
 void Kernel::Log(std::string line) { log_.push_back(std::move(line)); }

@@ -19,9 +19,10 @@ namespace vfio_agent::sim {
 
 class Kernel {
  public:
-  Kernel(NodeSpec node, std::filesystem::path dev_root);
+  // `proc_root`, when given, receives the procfs files of the node (WriteProcFiles) at Start.
+  Kernel(NodeSpec node, std::filesystem::path dev_root, std::filesystem::path proc_root = {});
 
-  // Creates the dev tree for the initial state.
+  // Creates the dev tree (and the proc files) for the initial state.
   absl::Status Start();
 
   std::shared_ptr<const Tree> Snapshot() const;
@@ -29,6 +30,9 @@ class Kernel {
 
   // A write(2) to a file whose entry has `attr`/`key`. Returns 0 or the errno the kernel would return.
   int Write(Attr attr, const std::string& key, absl::string_view data);
+
+  // A reader opened <dev>/config: a device in D3cold goes to D0 (logged as "wake <BDF>").
+  void WakeForConfigRead(const std::string& bdf);
 
   // Wakes every blocked unbind (they fail with EINTR) and makes later delays immediate.
   void Shutdown();
@@ -56,6 +60,7 @@ class Kernel {
   std::condition_variable wake_;
   KernelState state_;
   std::filesystem::path dev_root_;
+  std::filesystem::path proc_root_;
   std::shared_ptr<const Tree> snapshot_;
   std::vector<std::string> log_;
   bool shutdown_ = false;

@@ -1,4 +1,5 @@
-// sysfs-sim --node FILE --root DIR: mounts a kernel-like sysfs at DIR/sys (FUSE) and maintains DIR/dev.
+// sysfs-sim --node FILE --root DIR: mounts a kernel-like sysfs at DIR/sys (FUSE), maintains DIR/dev and writes
+// DIR/proc/{cmdline,cpuinfo}.
 // Prints "READY DIR" once mounted; SIGTERM/SIGINT unmount and exit 0.
 #include <pthread.h>
 #include <signal.h>
@@ -29,8 +30,9 @@ using vfio_agent::sim::Kernel;
 
 constexpr const char* kUsage =
     "usage: sysfs-sim --node FILE --root DIR\n"
-    "Mounts a simulated sysfs described by FILE (proto/sim/v1/node.proto, JSON) at DIR/sys and keeps\n"
-    "DIR/dev in step. Prints \"READY DIR\" when mounted; SIGTERM or SIGINT unmounts and exits 0.\n"
+    "Mounts a simulated sysfs described by FILE (proto/sim/v1/node.proto, JSON) at DIR/sys, keeps\n"
+    "DIR/dev in step and writes DIR/proc/{cmdline,cpuinfo}. Prints \"READY DIR\" when mounted; SIGTERM or\n"
+    "SIGINT unmounts and exits 0.\n"
     "Control: write commands to DIR/sys/.sim/control; DIR/sys/.sim/log lists the writes the sim saw.\n";
 
 bool ParseArgs(int argc, char** argv, std::string& node, std::string& root) {
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  Kernel kernel(*std::move(node), root / "dev");
+  Kernel kernel(*std::move(node), root / "dev", root / "proc");
   if (auto st = kernel.Start(); !st.ok()) {
     spdlog::error("sysfs-sim: {}", st.ToString());
     return 1;

@@ -78,6 +78,24 @@ absl::StatusOr<DeviceSpec> Convert(const v1::Device& d) {
     if (!err) return absl::InvalidArgumentError(absl::StrCat("device ", s.bdf, ": unknown errno \"", d.faults().bind_errno(), "\""));
     s.bind_errno = *err;
   }
+  for (const auto& bar : d.bars()) {
+    const uint64_t size = bar.size();
+    if (bar.index() > 5 || size == 0 || (size & (size - 1)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", s.bdf, ": BAR ", bar.index(),
+                                                     " needs index 0-5 and a power-of-two size"));
+    }
+    s.bars.push_back({static_cast<int>(bar.index()), size, bar.is_64bit(), bar.prefetchable(), bar.unassigned()});
+  }
+  if (!d.power_state().empty()) {
+    if (d.power_state() != "D0" && d.power_state() != "D3hot" && d.power_state() != "D3cold") {
+      return absl::InvalidArgumentError(absl::StrCat("device ", s.bdf, ": power_state is D0, D3hot or D3cold"));
+    }
+    s.power_state = d.power_state();
+  }
+  if (d.has_d3cold_allowed()) s.d3cold_allowed = d.d3cold_allowed();
+  if (d.has_reset_method()) s.reset_method = d.reset_method();
+  s.sriov_totalvfs = static_cast<int>(d.sriov_totalvfs());
+  s.mdev = d.mdev();
   return s;
 }
 
@@ -168,6 +186,25 @@ absl::StatusOr<NodeSpec> ParseNode(absl::string_view json, absl::string_view ori
   node.description = proto.description();
   node.iommu = proto.iommu();
   node.drivers.assign(proto.drivers().begin(), proto.drivers().end());
+  const v1::Platform& platform = proto.platform();
+  if (!platform.iommu_vendor().empty() && platform.iommu_vendor() != "intel" && platform.iommu_vendor() != "amd") {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": platform.iommu_vendor is intel or amd"));
+  }
+  node.platform.amd = platform.iommu_vendor() == "amd";
+  if (platform.has_acpi_table()) node.platform.acpi_table = platform.acpi_table();
+  if (platform.has_interrupt_remapping()) node.platform.interrupt_remapping = platform.interrupt_remapping();
+  node.platform.allow_unsafe_interrupts = platform.allow_unsafe_interrupts();
+  node.platform.disable_idle_d3 = platform.disable_idle_d3();
+  node.platform.cmdline = platform.cmdline();
+  if (node.platform.cmdline.empty()) {
+    node.platform.cmdline = "BOOT_IMAGE=/boot/vmlinuz root=/dev/sda1 ro quiet";
+    if (node.iommu) absl::StrAppend(&node.platform.cmdline, node.platform.amd ? " amd_iommu=on" : " intel_iommu=on", " iommu=pt");
+  }
+  if (platform.phys_bits() != 0) node.platform.phys_bits = static_cast<int>(platform.phys_bits());
+  node.platform.iommufd = platform.iommufd();
+  if (!platform.lockdown().empty()) node.platform.lockdown = platform.lockdown();
+  node.platform.modules.assign(platform.modules().begin(), platform.modules().end());
+  node.platform.missing_modules.assign(platform.missing_modules().begin(), platform.missing_modules().end());
   for (const auto& d : proto.devices()) {
     auto spec = Convert(d);
     if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(origin, ": ", spec.status().message()));

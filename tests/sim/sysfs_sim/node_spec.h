@@ -12,6 +12,14 @@
 
 namespace vfio_agent::sim {
 
+struct BarSpec {
+  int index = 0;
+  uint64_t size = 0;
+  bool is_64bit = false;
+  bool prefetchable = false;
+  bool unassigned = false;
+};
+
 struct DeviceSpec {
   std::string bdf;
   uint16_t vendor = 0;
@@ -32,13 +40,34 @@ struct DeviceSpec {
   int bind_errno = 0;
   bool dead = false;
   bool removed = false;
+  std::vector<BarSpec> bars;
+  std::string power_state = "D0";
+  bool d3cold_allowed = true;
+  std::string reset_method = "flr bus";  // "" = no reset method
+  int sriov_totalvfs = 0;
+  bool mdev = false;
 
   bool IsBridge() const { return (header_type & 0x7f) == 1; }
+};
+
+struct PlatformSpec {
+  bool amd = false;  // AMD-Vi (ivhd0, IVRS) instead of Intel VT-d (dmar0, DMAR)
+  bool acpi_table = true;
+  bool interrupt_remapping = true;
+  bool allow_unsafe_interrupts = false;
+  bool disable_idle_d3 = false;
+  std::string cmdline;  // filled with a default by ParseNode when the file gives none
+  int phys_bits = 46;
+  bool iommufd = false;
+  std::string lockdown = "none";
+  std::vector<std::string> modules;
+  std::vector<std::string> missing_modules;
 };
 
 struct NodeSpec {
   std::string description;
   bool iommu = false;
+  PlatformSpec platform;
   std::vector<std::string> drivers;
   std::vector<DeviceSpec> devices;  // parents before children
 };

@@ -41,6 +41,7 @@ class SimProcess {
   const std::filesystem::path& root() const { return root_; }
   std::filesystem::path sysfs_root() const { return root_ / "sys"; }
   std::filesystem::path dev_root() const { return root_ / "dev"; }
+  std::filesystem::path proc_root() const { return root_ / "proc"; }  // cmdline and cpuinfo only
   pid_t pid() const { return pid_; }
 
   // One command, one write(2) to <root>/sys/.sim/control; the write's errno becomes the status.

@@ -23,6 +23,7 @@ struct DeviceState {
   bool dead = false;
   int unbind_delay_ms = 0;
   int bind_errno = 0;
+  std::string power_state;  // "D0", "D3hot", "D3cold"
   int vfio_index = -1;    // vfio-dev/vfioN and /dev/vfio/devices/vfioN while on a vfio driver
   int nvidia_index = -1;  // /dev/nvidiaN (GPUs) or /dev/nvidia-nvswitchN while on nvidia
   uint64_t releases = 0;  // bumped by `release <BDF>`; a blocked unbind waits for it to change
@@ -30,6 +31,7 @@ struct DeviceState {
 
 struct KernelState {
   bool iommu = false;
+  PlatformSpec platform;
   std::vector<std::string> drivers;
   std::map<std::string, std::set<std::pair<uint16_t, uint16_t>>> dynamic_ids;  // driver -> new_id entries
   std::vector<DeviceState> devices;  // parents before children

@@ -92,6 +92,37 @@ std::string ModuleName(absl::string_view driver) {
 // Built into every distribution kernel: no /sys/module entry to show.
 bool IsBuiltin(absl::string_view driver) { return driver == "pcieport"; }
 
+// `resource`: "start end flags" for BARs 0-5, the ROM and the six SR-IOV BARs. Assigned BARs get addresses in
+// BDF order (64-bit ones above 4 GiB); an unassigned one keeps its size with start 0, as the PCI core leaves it.
+std::string ResourceFile(const KernelState& state, const DeviceState& dev) {
+  constexpr uint64_t kMem = 0x200, kPrefetch = 0x2000, kSizeAlign = 0x40000, kMem64 = 0x100000;
+  uint64_t next32 = 0xc0000000, next64 = 0x200000000000;
+  struct Line {
+    uint64_t start = 0, end = 0, flags = 0;
+  };
+  std::vector<Line> lines(13);
+  for (const auto& d : state.devices) {
+    if (!d.present) continue;
+    for (const BarSpec& bar : d.spec.bars) {
+      uint64_t& next = bar.is_64bit ? next64 : next32;
+      Line line;
+      line.flags = kMem | kSizeAlign | (bar.prefetchable ? kPrefetch | 0x8 : 0) | (bar.is_64bit ? kMem64 | 0x4 : 0);
+      if (bar.unassigned) {
+        line.end = bar.size - 1;
+      } else {
+        next = (next + bar.size - 1) & ~(bar.size - 1);
+        line.start = next;
+        line.end = next + bar.size - 1;
+        next += bar.size;
+      }
+      if (&d == &dev) lines[bar.index] = line;
+    }
+  }
+  std::string out;
+  for (const Line& l : lines) absl::StrAppendFormat(&out, "0x%016x 0x%016x 0x%016x\n", l.start, l.end, l.flags);
+  return out;
+}
+
 void AddDevice(Builder& b, const KernelState& state, const DeviceState& dev) {
   const DeviceSpec& s = dev.spec;
   const std::string dir = DevicePath(state, dev);
@@ -103,12 +134,28 @@ void AddDevice(Builder& b, const KernelState& state, const DeviceState& dev) {
   b.File(dir + "/class", absl::StrFormat("0x%06x\n", s.class_code), 0444);
   b.File(dir + "/revision", absl::StrFormat("0x%02x\n", s.revision), 0444);
   b.File(dir + "/numa_node", absl::StrCat(s.numa_node, "\n"), 0644);
-  b.File(dir + "/config", ConfigSpace(state, dev), 0644);
+  b.File(dir + "/config", ConfigSpace(state, dev), 0644, Attr::kConfig, s.bdf);
   b.File(dir + "/modalias", Modalias(s) + "\n", 0444);
   b.File(dir + "/uevent", Uevent(dev), 0644);
   b.File(dir + "/driver_override", dev.driver_override.value_or("(null)") + "\n", 0644, Attr::kDriverOverride, s.bdf);
   b.File(dir + "/remove", "", 0200, Attr::kRemove, s.bdf);
-  b.File(dir + "/reset", "", 0200, Attr::kReset, s.bdf);
+  if (!s.reset_method.empty()) {  // the kernel hides both attributes from a device without a reset method
+    b.File(dir + "/reset", "", 0200, Attr::kReset, s.bdf);
+    b.File(dir + "/reset_method", s.reset_method + "\n", 0644);
+  }
+  b.File(dir + "/resource", ResourceFile(state, dev), 0444);
+  b.File(dir + "/power_state", dev.power_state + "\n", 0444);
+  b.File(dir + "/d3cold_allowed", s.d3cold_allowed ? "1\n" : "0\n", 0644);
+  int vfs = 0;
+  for (const auto& other : state.devices) vfs += other.present && other.spec.physfn == s.bdf;
+  if (s.sriov_totalvfs > 0 || vfs > 0) {
+    b.File(dir + "/sriov_totalvfs", absl::StrCat(std::max(s.sriov_totalvfs, vfs), "\n"), 0444);
+    b.File(dir + "/sriov_numvfs", absl::StrCat(vfs, "\n"), 0644);
+  }
+  if (s.mdev) {
+    b.Dir(dir + "/mdev_supported_types");
+    b.Link("/class/mdev_bus/" + s.bdf, dir);
+  }
   b.Link(dir + "/subsystem", "/bus/pci");
   if (!dev.driver.empty()) b.Link(dir + "/driver", "/bus/pci/drivers/" + dev.driver);
   if (state.iommu && s.iommu_group >= 0) {
@@ -209,20 +256,61 @@ std::shared_ptr<const Tree> BuildTree(const KernelState& state) {
   log.mode = 0444;
   log.live_log = true;
   b.Add("/.sim/log", std::move(log));
+  const PlatformSpec& platform = state.platform;
+  const std::string iommu_unit = platform.amd ? "ivhd0" : "dmar0";
+  b.Dir("/class/iommu");
   if (state.iommu) {
-    b.Dir("/devices/virtual/iommu/dmar0");
-    b.Link("/class/iommu/dmar0", "/devices/virtual/iommu/dmar0");
+    const std::string unit_dir = "/devices/virtual/iommu/" + iommu_unit;
+    b.Dir(unit_dir);
+    if (!platform.amd) {
+      // Extended capabilities as Intel VT-d reports them; bit 3 is interrupt remapping.
+      b.File(unit_dir + "/intel-iommu/ecap", platform.interrupt_remapping ? "f020de\n" : "f020d6\n", 0444);
+    }
+    b.Link("/class/iommu/" + iommu_unit, unit_dir);
   }
+  b.Dir("/firmware/acpi/tables");
+  if (platform.acpi_table) {
+    std::string table(48, '\0');
+    table.replace(0, 4, platform.amd ? "IVRS" : "DMAR");
+    if (!platform.amd && platform.interrupt_remapping) table[37] = 1;  // DMAR flags: INTR_REMAP
+    b.File(platform.amd ? "/firmware/acpi/tables/IVRS" : "/firmware/acpi/tables/DMAR", table, 0400);
+  }
+  std::string lockdown;
+  for (const char* mode : {"none", "integrity", "confidentiality"}) {
+    absl::StrAppend(&lockdown, lockdown.empty() ? "" : " ", mode == platform.lockdown ? absl::StrCat("[", mode, "]") : mode);
+  }
+  b.File("/kernel/security/lockdown", lockdown + "\n", 0444);
+  auto missing = [&](absl::string_view module) {
+    return std::find(platform.missing_modules.begin(), platform.missing_modules.end(), module) !=
+           platform.missing_modules.end();
+  };
+  auto add_module = [&](const std::string& module) {
+    if (!missing(module)) b.File("/module/" + module + "/refcnt", "0\n", 0444);
+  };
+  const bool vfio_loaded = std::any_of(state.drivers.begin(), state.drivers.end(),
+                                       [](const std::string& d) { return IsVfioDriver(d); });
+  if (vfio_loaded) {
+    add_module("vfio");
+    add_module("vfio_iommu_type1");
+    if (!missing("vfio_iommu_type1")) {
+      b.File("/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts",
+             platform.allow_unsafe_interrupts ? "Y\n" : "N\n", 0644);
+    }
+  }
+  for (const auto& module : platform.modules) add_module(module);
   for (const auto& driver : state.drivers) {
     const std::string dir = "/bus/pci/drivers/" + driver;
     b.File(dir + "/bind", "", 0200, Attr::kBind, driver);
     b.File(dir + "/unbind", "", 0200, Attr::kUnbind, driver);
     b.File(dir + "/new_id", "", 0200, Attr::kNewId, driver);
     b.File(dir + "/remove_id", "", 0200, Attr::kRemoveId, driver);
-    if (!IsBuiltin(driver)) {
+    if (!IsBuiltin(driver) && !missing(ModuleName(driver))) {
       const std::string module = "/module/" + ModuleName(driver);
       b.File(module + "/refcnt", "0\n", 0444);
       b.Link(dir + "/module", module);
+      if (driver == "vfio-pci") {
+        b.File(module + "/parameters/disable_idle_d3", platform.disable_idle_d3 ? "Y\n" : "N\n", 0644);
+      }
     }
   }
   for (const auto& dev : state.devices) {

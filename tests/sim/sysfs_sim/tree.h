@@ -24,6 +24,7 @@ enum class Attr {
   kDriverOverride,  // <dev>/driver_override, key = BDF
   kRemove,          // <dev>/remove
   kReset,           // <dev>/reset
+  kConfig,          // <dev>/config: opening it for reading wakes a device in D3cold (key = BDF)
   kControl,         // .sim/control
 };
 

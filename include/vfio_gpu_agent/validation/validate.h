@@ -1,0 +1,51 @@
+// `vfio-gpu-agent validate`: runs the layers of checks (check.h) against one host and turns them into a report
+// (proto/report/v1/validate.proto), printed for humans or as JSON, and into the GPU Operator's status files.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "report/v1/validate.pb.h"
+#include "vfio_gpu_agent/validation/check.h"
+
+namespace vfio_agent::validation {
+
+inline constexpr const char* kValidateSchema = "vfio-gpu-agent.validate/v1";
+
+struct ValidateOptions {
+  HostPaths paths;  // paths.pod_resources_socket is the kubelet layer's socket
+  pci::SelectionPolicy policy;
+  std::string resource_domain = "nvidia.com";
+  std::vector<names::NameOverride> name_overrides;
+  const names::PciIdsDatabase* pci_ids = nullptr;  // may be null: pinned names and hex ids still work
+  std::set<Layer> layers = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet, Layer::kKubevirt};
+  std::optional<std::filesystem::path> status_dir;  // write the status files there (needs both host layers)
+  std::optional<std::string> kubevirt_cr;            // text of a KubeVirt CR
+  std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
+};
+
+// "platform,devices" -> those layers; "all" -> every layer.
+absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text);
+
+// Scans the host read-only and runs the selected layers. Fails only when the PCI device list cannot be read
+// (the host could not be read at all) or the status files could not be written.
+absl::StatusOr<report::v1::ValidateReport> Validate(const ValidateOptions& options);
+
+// Layers 1-2 have no failure: the condition for `vfio-pci-ready`.
+bool HostReady(const std::vector<Check>& checks);
+
+report::v1::ValidateReport MakeReport(const std::vector<Check>& checks, const std::set<Layer>& layers,
+                                      const HostPaths& paths);
+
+// Grouped by layer, one line per check; evidence and fix indented below every check that did not pass (and
+// below skips, the reason); a summary line.
+std::string FormatValidateText(const report::v1::ValidateReport& report);
+std::string FormatValidateJson(const report::v1::ValidateReport& report);
+
+}  // namespace vfio_agent::validation

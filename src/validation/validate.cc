@@ -1,0 +1,187 @@
+#include "vfio_gpu_agent/validation/validate.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "check_builder.h"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::validation {
+namespace {
+
+namespace rpt = report::v1;
+
+constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet, Layer::kKubevirt};
+
+rpt::Layer ToReport(Layer layer) {
+  switch (layer) {
+    case Layer::kPlatform: return rpt::PLATFORM;
+    case Layer::kDevices: return rpt::DEVICES;
+    case Layer::kPlugin: return rpt::PLUGIN;
+    case Layer::kKubelet: return rpt::KUBELET;
+    case Layer::kKubevirt: return rpt::KUBEVIRT;
+  }
+  return rpt::LAYER_UNSPECIFIED;
+}
+
+rpt::Result ToReport(Result result) {
+  switch (result) {
+    case Result::kPass: return rpt::PASS;
+    case Result::kWarn: return rpt::WARN;
+    case Result::kFail: return rpt::FAIL;
+    case Result::kSkip: return rpt::SKIP;
+  }
+  return rpt::RESULT_UNSPECIFIED;
+}
+
+bool IsHostLayer(Layer layer) { return layer == Layer::kPlatform || layer == Layer::kDevices; }
+
+std::string CountsText(const rpt::Counts& c) {
+  return absl::StrFormat("%d passed, %d warning(s), %d failed, %d skipped", c.pass(), c.warn(), c.fail(), c.skip());
+}
+
+}  // namespace
+
+absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
+  std::set<Layer> layers;
+  for (absl::string_view item : absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
+    const std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(item));
+    if (name == "all") {
+      layers.insert(std::begin(kAllLayers), std::end(kAllLayers));
+      continue;
+    }
+    auto it = std::find_if(std::begin(kAllLayers), std::end(kAllLayers), [&](Layer l) { return name == LayerName(l); });
+    if (it == std::end(kAllLayers)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown layer \"", name,
+                                                     "\" (want platform, devices, plugin, kubelet, kubevirt or all)"));
+    }
+    layers.insert(*it);
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("no layer named");
+  return layers;
+}
+
+bool HostReady(const std::vector<Check>& checks) {
+  return std::none_of(checks.begin(), checks.end(),
+                      [](const Check& c) { return IsHostLayer(c.layer) && c.result == Result::kFail; });
+}
+
+rpt::ValidateReport MakeReport(const std::vector<Check>& checks, const std::set<Layer>& layers, const HostPaths& paths) {
+  rpt::ValidateReport report;
+  report.set_schema(kValidateSchema);
+  report.set_sysfs_root(paths.sysfs_root.string());
+  for (Layer layer : layers) report.add_layers(LayerName(layer));
+  rpt::Counts* counts = report.mutable_counts();
+  for (const Check& check : checks) {
+    rpt::Check* out = report.add_checks();
+    out->set_id(check.id);
+    out->set_layer(ToReport(check.layer));
+    out->set_subject(check.subject);
+    out->set_result(ToReport(check.result));
+    out->set_message(check.message);
+    for (const Evidence& e : check.evidence) {
+      rpt::Evidence* ev = out->add_evidence();
+      ev->set_source(e.source);
+      ev->set_value(e.value);
+    }
+    out->set_fix(check.fix);
+    switch (check.result) {
+      case Result::kPass: counts->set_pass(counts->pass() + 1); break;
+      case Result::kWarn: counts->set_warn(counts->warn() + 1); break;
+      case Result::kFail: counts->set_fail(counts->fail() + 1); break;
+      case Result::kSkip: counts->set_skip(counts->skip() + 1); break;
+    }
+  }
+  const bool host_layers = layers.contains(Layer::kPlatform) && layers.contains(Layer::kDevices);
+  report.set_host_ready(host_layers && HostReady(checks));
+  report.set_ok(counts->fail() == 0);
+  std::string summary = absl::StrCat(CountsText(*counts), ": ");
+  if (report.ok()) {
+    absl::StrAppend(&summary, counts->warn() > 0 ? "passthrough chain OK, see the warnings" : "passthrough chain OK");
+  } else {
+    std::vector<std::string> failed;
+    for (const Check& check : checks) {
+      if (check.result == Result::kFail && std::find(failed.begin(), failed.end(), check.id) == failed.end()) {
+        failed.push_back(check.id);
+      }
+    }
+    absl::StrAppend(&summary, "BROKEN at ", absl::StrJoin(failed, ", "));
+  }
+  report.set_summary(summary);
+  return report;
+}
+
+absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
+  auto inventory = pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id});
+  if (!inventory.ok()) return inventory.status();
+  const pci::Selection selection = pci::Select(*inventory, options.policy);
+  const names::NameResolver names(options.pci_ids, options.resource_domain, options.name_overrides);
+  // The rules the agent itself applies (names, health; no config read of a GPU in D3cold).
+  const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(options.paths, *inventory, selection, names, {});
+  const NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .expected = &expected};
+
+  std::vector<Check> checks;
+  auto run = [&](Layer layer, auto&& layer_checks) {
+    if (!options.layers.contains(layer)) return;
+    for (Check& check : layer_checks()) checks.push_back(std::move(check));
+  };
+  run(Layer::kPlatform, [&] { return PlatformChecks(node); });
+  run(Layer::kDevices, [&] { return DeviceChecks(node); });
+  run(Layer::kPlugin, [&] { return PluginChecks(node, options.rpc_wait); });
+  run(Layer::kKubelet, [&] { return KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait); });
+  run(Layer::kKubevirt, [&] { return KubevirtChecks(node, options.kubevirt_cr, names); });
+
+  rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
+  if (options.status_dir) {
+    if (!options.layers.contains(Layer::kPlatform) || !options.layers.contains(Layer::kDevices)) {
+      return absl::InvalidArgumentError("--status-dir needs the platform and devices layers");
+    }
+    if (auto status = WriteStatusFiles(*options.status_dir, report.host_ready()); !status.ok()) return status;
+    report.set_status_dir(options.status_dir->string());
+  }
+  return report;
+}
+
+std::string FormatValidateText(const rpt::ValidateReport& report) {
+  std::string text = absl::StrFormat("vfio-gpu-agent validate: sysfs root %s, layers %s\n", report.sysfs_root(),
+                                     absl::StrJoin(report.layers(), ","));
+  rpt::Layer current = rpt::LAYER_UNSPECIFIED;
+  for (const rpt::Check& check : report.checks()) {
+    if (check.layer() != current) {
+      current = check.layer();
+      absl::StrAppend(&text, "\n", absl::AsciiStrToLower(rpt::Layer_Name(current)), "\n");
+    }
+    const std::string result = check.result() == rpt::PASS ? "pass" : rpt::Result_Name(check.result());
+    absl::StrAppend(&text, absl::StrFormat("  %-4s  %-26s %-14s %s\n", result, check.id(), check.subject(),
+                                           check.message()));
+    if (check.result() == rpt::PASS || check.result() == rpt::SKIP) continue;
+    for (const rpt::Evidence& e : check.evidence()) {
+      absl::StrAppend(&text, absl::StrFormat("          evidence: %s = %s\n", e.source(), e.value()));
+    }
+    if (!check.fix().empty()) absl::StrAppend(&text, "          fix: ", check.fix(), "\n");
+  }
+  absl::StrAppend(&text, "\n", report.summary(), "\n");
+  if (!report.status_dir().empty()) {
+    absl::StrAppend(&text, "status files in ", report.status_dir(), ": workload-type",
+                    report.host_ready() ? ", vfio-pci-ready" : " (vfio-pci-ready removed: layers 1-2 failed)", "\n");
+  }
+  return text;
+}
+
+std::string FormatValidateJson(const rpt::ValidateReport& report) {
+  google::protobuf::util::JsonPrintOptions json;
+  json.add_whitespace = true;
+  json.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(report, &out, json);
+  return out;
+}
+
+}  // namespace vfio_agent::validation

@@ -1,0 +1,209 @@
+// Layer 2 (devices): per GPU and per IOMMU group, each failure mode on a simulated node fails (or warns) exactly
+// its check, with that check's fix.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "host_node.h"
+#include "vfio_gpu_agent/common/fs.h"
+
+namespace vfio_agent::validation::testing {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+constexpr char kH200[] = "hgx-h200-8gpu.json";
+constexpr char kGpu[] = "0000:18:00.0";  // group 11
+
+std::unique_ptr<HostNode> BoundH200(const std::function<void(Json&)>& patch = {}) {
+  auto node = HostNode::Start(kH200, patch);
+  if (!node.ok()) throw std::runtime_error(node.status().ToString());
+  if (auto status = (*node)->BindNvidia(/*nvswitches=*/true); !status.ok()) throw std::runtime_error(status.ToString());
+  return *std::move(node);
+}
+
+TEST(HostDeviceTest, GpuOnItsHostDriverFailsDeviceDriverOnly) {
+  auto node = BoundH200();
+  ASSERT_TRUE(node->sim->Control(absl::StrCat("set-driver ", kGpu, " nvidia")).ok());
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.driver ", kGpu)));
+  const rpt::Check* check = FindCheck(report, "device.driver", kGpu);
+  EXPECT_THAT(check->fix(), HasSubstr(absl::StrCat("vfio-gpu-agent bind --device ", kGpu)));
+  EXPECT_THAT(check->fix(), HasSubstr("nvidia-persistenced"));
+  EXPECT_EQ(FindCheck(report, "group.devnode", "group 11")->result(), rpt::SKIP);
+  EXPECT_FALSE(report.host_ready());
+}
+
+TEST(HostDeviceTest, ForeignEndpointInTheGroupIsAnAcsProblem) {
+  auto node = HostNode::Start("gpu-foreign-nic.json");
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->BindNvidia(false).ok());
+  const rpt::ValidateReport report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), ElementsAre("FAIL group.viable group 30"));
+  const rpt::Check* check = FindCheck(report, "group.viable", "group 30");
+  EXPECT_THAT(check->message(), HasSubstr("foreign endpoint 0000:3c:00.0 8086:1572 class 020000 on i40e"));
+  EXPECT_THAT(check->message(), HasSubstr("ACS"));
+  EXPECT_THAT(check->fix(), HasSubstr("slot"));
+}
+
+TEST(HostDeviceTest, CompanionOnAHostDriverIsFixedByBind) {
+  auto node = HostNode::Start("workstation-gpu-audio-usb.json");
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->BindNvidia(false).ok());  // the GPU alone; audio, USB and UCSI stay on their drivers
+  const rpt::ValidateReport report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), ElementsAre("FAIL group.viable group 12"));
+  const rpt::Check* check = FindCheck(report, "group.viable", "group 12");
+  EXPECT_THAT(check->message(), HasSubstr("0000:01:00.1 10de:"));
+  EXPECT_THAT(check->message(), HasSubstr("snd_hda_intel"));
+  EXPECT_THAT(check->fix(), HasSubstr("vfio-gpu-agent bind"));
+}
+
+TEST(HostDeviceTest, BridgeInTheGroupIsJudgedByHeaderTypeAndDoesNotBlock) {
+  auto node = HostNode::Start("gpu-behind-bridge.json");
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->BindNvidia(false).ok());
+  const rpt::ValidateReport report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), IsEmpty());
+  EXPECT_THAT(FindCheck(report, "group.viable", "group 40")->evidence(0).value(), HasSubstr("on pcieport"));
+}
+
+TEST(HostDeviceTest, EndpointWithABridgeClassButHeaderType0BlocksTheGroup) {
+  // An NVSwitch-like endpoint of another vendor: class 0x0604 is not enough to be waved through.
+  auto node = HostNode::Start("gpu-behind-bridge.json", [](Json& n) {
+    n["drivers"].push_back("fakebridge");
+    n["devices"].push_back({{"bdf", "0000:5e:00.1"}, {"vendor", "1d0f"}, {"device", "0001"}, {"class", "060400"},
+                            {"header_type", 0}, {"iommu_group", 40}, {"driver", "fakebridge"}, {"parent", "0000:5d:00.0"}});
+  });
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->BindNvidia(false).ok());
+  const rpt::ValidateReport report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), ElementsAre("FAIL group.viable group 40"));
+  EXPECT_THAT(FindCheck(report, "group.viable", "group 40")->message(), HasSubstr("0000:5e:00.1 1d0f:0001"));
+}
+
+TEST(HostDeviceTest, MissingGroupNodeFailsGroupDevnode) {
+  auto node = BoundH200();
+  ASSERT_TRUE(std::filesystem::remove(node->paths.dev_root / "vfio/11"));
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre("FAIL group.devnode group 11"));
+  EXPECT_THAT(FindCheck(report, "group.devnode", "group 11")->fix(), HasSubstr("hostPath /dev"));
+}
+
+TEST(HostDeviceTest, OverrideLeftWithoutADriverIsAStrandedBind) {
+  auto node = BoundH200();
+  ASSERT_TRUE(node->sim->Control(absl::StrCat("set-driver ", kGpu, " none")).ok());
+  ASSERT_TRUE(fs::WriteAttribute(node->paths.PciDevice(kGpu) / "driver_override", "vfio-pci").ok());
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), UnorderedElementsAre(absl::StrCat("FAIL device.stranded_override ", kGpu),
+                                                     absl::StrCat("FAIL device.driver ", kGpu)));
+  const rpt::Check* check = FindCheck(report, "device.stranded_override", kGpu);
+  EXPECT_THAT(check->message(), HasSubstr("driver_override=vfio-pci but no driver"));
+  EXPECT_THAT(check->fix(), HasSubstr("drivers_probe"));
+  EXPECT_EQ(FindCheck(report, "device.stranded_override", "node"), nullptr);
+}
+
+TEST(HostDeviceTest, UnassignedBarFailsDeviceBars) {
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["bars"][1]["unassigned"] = true; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.bars ", kGpu)));
+  const rpt::Check* check = FindCheck(report, "device.bars", kGpu);
+  EXPECT_THAT(check->message(), HasSubstr("BAR1 (256 GiB)"));
+  EXPECT_THAT(check->fix(), HasSubstr("Above 4G Decoding"));
+  EXPECT_THAT(check->fix(), HasSubstr("pci=realloc"));
+}
+
+TEST(HostDeviceTest, D3coldWarnsWithoutWakingTheGpu) {
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["power_state"] = "D3cold"; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("WARN device.power_state ", kGpu)));
+  const rpt::Check* check = FindCheck(report, "device.power_state", kGpu);
+  EXPECT_THAT(check->fix(), HasSubstr("disable_idle_d3=1"));
+  EXPECT_THAT(check->fix(), HasSubstr("d3cold_allowed"));
+  // The sim wakes a device whose config space is read, as the kernel does; nothing read it.
+  EXPECT_THAT(node->sim->Log(), Not(Contains(absl::StrCat("wake ", kGpu))));
+  EXPECT_EQ(fs::ReadTrimmed(node->paths.PciDevice(kGpu) / "power_state").value_or(""), "D3cold");
+  EXPECT_TRUE(report.host_ready());
+}
+
+TEST(HostDeviceTest, ConfigReadWakesAD3coldGpuInTheSimulator) {
+  // The premise of the test above: a config read would have shown up.
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["power_state"] = "D3cold"; });
+  int fd = ::open((node->paths.PciDevice(kGpu) / "config").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_THAT(node->sim->Log(), Contains(absl::StrCat("wake ", kGpu)));
+  EXPECT_EQ(fs::ReadTrimmed(node->paths.PciDevice(kGpu) / "power_state").value_or(""), "D0");
+}
+
+TEST(HostDeviceTest, DeviceOffTheBusFailsPowerState) {
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["faults"]["dead"] = true; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.power_state ", kGpu)));
+  EXPECT_THAT(FindCheck(report, "device.power_state", kGpu)->message(), HasSubstr("0xffff"));
+  EXPECT_THAT(FindCheck(report, "device.power_state", kGpu)->fix(), HasSubstr("Reboot"));
+}
+
+TEST(HostDeviceTest, NoResetMethodWarns) {
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["reset_method"] = ""; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("WARN device.reset_method ", kGpu)));
+  EXPECT_THAT(FindCheck(report, "device.reset_method", kGpu)->fix(), HasSubstr("one VM"));
+}
+
+TEST(HostDeviceTest, SriovVfsOnAPassthroughGpuFailOneModePerNode) {
+  auto node = BoundH200([](Json& n) {
+    Device(n, kGpu)["sriov_totalvfs"] = 16;
+    n["devices"].push_back({{"bdf", "0000:18:00.4"}, {"vendor", "10de"}, {"device", "2335"}, {"class", "030200"},
+                            {"iommu_group", 90}, {"physfn", kGpu}, {"parent", "0000:17:00.0"}});
+  });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.sriov_mode ", kGpu)));
+  const rpt::Check* check = FindCheck(report, "device.sriov_mode", kGpu);
+  EXPECT_THAT(check->message(), HasSubstr("1 SR-IOV VFs enabled"));
+  EXPECT_THAT(check->fix(), HasSubstr("One mode per node"));
+}
+
+TEST(HostDeviceTest, MdevParentFailsOneModePerNode) {
+  auto node = BoundH200([](Json& n) { Device(n, kGpu)["mdev"] = true; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.sriov_mode ", kGpu)));
+  EXPECT_THAT(FindCheck(report, "device.sriov_mode", kGpu)->message(), HasSubstr("mdev parent"));
+}
+
+TEST(HostDeviceTest, NvSwitchesLeftOnTheHostWithoutFabricManagerWarn) {
+  auto node = HostNode::Start(kH200);
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->BindNvidia(/*nvswitches=*/false).ok());
+  rpt::ValidateReport report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), ElementsAre("WARN nvswitch.passthrough node"));
+  EXPECT_THAT(FindCheck(report, "nvswitch.passthrough", "node")->fix(), HasSubstr("--nvswitches"));
+  EXPECT_THAT(FindCheck(report, "nvswitch.passthrough", "node")->fix(), HasSubstr("Fabric Manager"));
+
+  // Shared-NVSwitch model: Fabric Manager runs on the host.
+  const std::filesystem::path fm = (*node)->paths.proc_root / "4242";
+  std::filesystem::create_directories(fm);
+  std::ofstream(fm / "comm") << "nv-fabricmanage\n";
+  report = (*node)->Validate();
+  EXPECT_THAT(Problems(report), IsEmpty());
+  EXPECT_THAT(FindCheck(report, "nvswitch.passthrough", "node")->message(), HasSubstr("Fabric Manager running"));
+}
+
+TEST(HostDeviceTest, BigBarsBeyondTheAddressSpaceWarnWithKubevirtsMmioFix) {
+  auto node = BoundH200([](Json& n) { n["platform"]["phys_bits"] = 40; });
+  const rpt::ValidateReport report = node->Validate(true);
+  EXPECT_THAT(Problems(report), ElementsAre("WARN device.mmio_window node"));
+  const rpt::Check* check = FindCheck(report, "device.mmio_window", "node");
+  EXPECT_THAT(check->message(), HasSubstr("2048.25 GiB"));
+  EXPECT_THAT(check->fix(), HasSubstr("host-passthrough"));
+  EXPECT_THAT(check->fix(), HasSubstr("X-PciMmio64Mb"));
+}
+
+}  // namespace
+}  // namespace vfio_agent::validation::testing
