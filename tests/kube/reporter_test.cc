@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
 #include "config.h"
@@ -440,6 +441,44 @@ TEST(InClusterTlsTest, ServiceAccountOverHttpsWithTokenRotation) {
   ApiClient untrusted(ClusterConfig{.server = url, .token = "projected-2"});
   auto refused = untrusted.Send("GET", "/api/v1/nodes/node-a", "", "", 10s);
   EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+}
+
+TEST(KubeconfigTlsTest, ClientCertificateAndCaDataOverHttps) {
+  if (!KubeApiSim::Available(/*tls=*/true)) GTEST_SKIP() << "python3 or openssl not found";
+  TempDir dir;
+  auto api = KubeApiSim::Start(dir.path(), {.tls = true, .client_cert = true});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto base64_of = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::stringstream content;
+    content << in.rdbuf();
+    return absl::Base64Escape(content.str());
+  };
+  const auto kubeconfig = dir.path() / "kubeconfig";
+  std::ofstream(kubeconfig) << "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                            << "clusters:\n- name: c\n  cluster:\n    server: " << (*api)->url()
+                            << "\n    certificate-authority-data: " << base64_of((*api)->ca_file())
+                            << "\nusers:\n- name: u\n  user:\n    client-certificate-data: "
+                            << base64_of((*api)->client_cert_file())
+                            << "\n    client-key-data: " << base64_of((*api)->client_key_file())
+                            << "\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\n";
+  ConnectOptions options;
+  options.kubeconfig = kubeconfig;
+  options.node_name = "node-a";
+  auto reporter = ConnectNodeReporter(options);
+  ASSERT_TRUE(reporter.ok()) << reporter.status();
+  auto labels = (*reporter)->NodeLabels(10s);
+  EXPECT_TRUE(labels.ok()) << labels.status();
+
+  // Without the client certificate the same server says 401.
+  auto config = LoadKubeconfig(kubeconfig);
+  ASSERT_TRUE(config.ok());
+  config->client_cert_pem.clear();
+  config->client_key_pem.clear();
+  ApiClient anonymous(*config);
+  auto response = anonymous.Send("GET", "/api/v1/nodes/node-a", "", "", 10s);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->code, 401);
 }
 
 }  // namespace

@@ -93,16 +93,30 @@ absl::StatusOr<std::unique_ptr<KubeApiSim>> KubeApiSim::Start(const std::filesys
     argv.push_back("--node");
     argv.push_back(node);
   }
-  if (options.tls) {
-    const std::filesystem::path cert = std::filesystem::absolute(work_dir) / "kube-api-sim.crt";
-    const std::filesystem::path key = std::filesystem::absolute(work_dir) / "kube-api-sim.key";
+  // A self-signed P-256 certificate (fast to make) for a server or a client.
+  auto make_certificate = [&](const std::string& name, const std::string& subject,
+                              const std::string& extension) -> absl::Status {
+    const std::filesystem::path cert = std::filesystem::absolute(work_dir) / (name + ".crt");
+    const std::filesystem::path key = std::filesystem::absolute(work_dir) / (name + ".key");
     int status = RunQuietly({"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                             "-nodes", "-days", "2", "-subj", "/CN=kube-api-sim", "-addext",
-                             "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key.string(), "-out",
-                             cert.string()});
+                             "-nodes", "-days", "2", "-subj", subject, "-addext", extension, "-keyout", key.string(),
+                             "-out", cert.string()});
     if (status != 0) return absl::InternalError(absl::StrCat("openssl req for ", cert.string(), " exited ", status));
-    argv.insert(argv.end(), {"--tls-cert", cert.string(), "--tls-key", key.string()});
-    sim->ca_file_ = cert;
+    return absl::OkStatus();
+  };
+  if (options.tls) {
+    absl::Status made = make_certificate("kube-api-sim", "/CN=kube-api-sim", "subjectAltName=IP:127.0.0.1,DNS:localhost");
+    if (!made.ok()) return made;
+    sim->ca_file_ = std::filesystem::absolute(work_dir) / "kube-api-sim.crt";
+    argv.insert(argv.end(), {"--tls-cert", sim->ca_file_.string(), "--tls-key",
+                             (std::filesystem::absolute(work_dir) / "kube-api-sim.key").string()});
+    if (options.client_cert) {
+      made = make_certificate("kube-api-sim-client", "/CN=vfio-gpu-agent", "extendedKeyUsage=clientAuth");
+      if (!made.ok()) return made;
+      sim->client_cert_file_ = std::filesystem::absolute(work_dir) / "kube-api-sim-client.crt";
+      sim->client_key_file_ = std::filesystem::absolute(work_dir) / "kube-api-sim-client.key";
+      argv.insert(argv.end(), {"--client-ca", sim->client_cert_file_.string()});
+    }
   }
 
   int in[2], out[2];

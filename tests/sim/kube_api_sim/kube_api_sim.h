@@ -34,6 +34,9 @@ struct KubeApiSimOptions {
   std::vector<std::string> nodes = {"node-a"};
   // https with a self-signed certificate for 127.0.0.1 made by the openssl CLI; ca_file() is then its PEM.
   bool tls = false;
+  // With tls: also accept a client certificate (client_cert_file()/client_key_file(), self-signed, CN
+  // vfio-gpu-agent) instead of the bearer token, as kube-apiserver's x509 authentication does.
+  bool client_cert = false;
 };
 
 // One request the server answered. status is the HTTP code ("200", "409", ...) or "cut" / "hang".
@@ -62,6 +65,8 @@ class KubeApiSim {
   const std::string& url() const { return url_; }  // "http://127.0.0.1:PORT" (https with tls)
   const std::string& token() const { return token_; }
   const std::filesystem::path& ca_file() const { return ca_file_; }  // empty without tls
+  const std::filesystem::path& client_cert_file() const { return client_cert_file_; }  // empty without client_cert
+  const std::filesystem::path& client_key_file() const { return client_key_file_; }
   pid_t pid() const { return pid_; }
 
   // A kubeconfig whose current context talks to this server with the bearer token (and CA with tls).
@@ -91,6 +96,8 @@ class KubeApiSim {
   std::string url_;
   std::string token_;
   std::filesystem::path ca_file_;
+  std::filesystem::path client_cert_file_;
+  std::filesystem::path client_key_file_;
   std::filesystem::path log_file_;
   std::mutex control_mutex_;
   std::string pending_;  // stdout read past the last reply line

@@ -2,7 +2,7 @@
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
 Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events and GET kubevirt.io/v1 kubevirts on
-127.0.0.1 (http, or https with --tls-cert/--tls-key). Prints "LISTENING <url>" on stdout once it accepts
+127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
 body) before the response is sent, so a test that sees the line knows the server decided.
 
@@ -255,7 +255,10 @@ def make_handler(state):
 
         def serve(self, method, path, content_type, raw):
             auth = self.headers.get("Authorization") or ""
-            if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in state.tokens:
+            token_ok = auth.startswith("Bearer ") and auth[len("Bearer "):] in state.tokens
+            # x509 client authentication: a certificate the --client-ca verified (and no bearer token at all).
+            cert_ok = not auth and hasattr(self.connection, "getpeercert") and bool(self.connection.getpeercert())
+            if not token_ok and not cert_ok:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             body = None
             if raw:
@@ -399,6 +402,7 @@ def main():
     parser.add_argument("--log", default="")
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
+    parser.add_argument("--client-ca", default="", help="accept client certificates this CA signed (with --tls-cert)")
     args = parser.parse_args()
 
     state = State(args.token, args.log)
@@ -410,6 +414,9 @@ def main():
     if args.tls_cert:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.tls_cert, args.tls_key or None)
+        if args.client_ca:
+            context.load_verify_locations(args.client_ca)
+            context.verify_mode = ssl.CERT_OPTIONAL
         server.socket = context.wrap_socket(server.socket, server_side=True)
         scheme = "https"
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
