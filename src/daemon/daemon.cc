@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,7 @@ using std::chrono::milliseconds;
 constexpr milliseconds kLagRecheck{100};
 constexpr milliseconds kMaxPollWait{1000};  // the loop turns at least this often (liveness)
 constexpr milliseconds kLabelsTimeout{2000};
+constexpr milliseconds kKubeletRecheck{60000};
 
 struct Backoff {
   milliseconds delay{0};
@@ -74,6 +76,12 @@ class Daemon::Impl final : public plugin::AgentObserver {
     std::lock_guard lock(state_mu_);
     return readiness_;
   }
+  void ReconcileNow() {
+    std::unique_lock lock(state_mu_);
+    const uint64_t wanted = passes_started_ + 1;
+    wakeup_.Notify();
+    pass_cv_.wait(lock, [&] { return passes_done_ >= wanted || stopping_; });
+  }
 
   // plugin::AgentObserver: metrics, and a pass soon after the kubelet restarted.
   void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) override {
@@ -95,8 +103,10 @@ class Daemon::Impl final : public plugin::AgentObserver {
   void Loop();
   // One pass: coexistence (while refused), bind what is due, then readiness and everything it feeds.
   absl::Status Pass();
+  absl::Status PassOnce();
   std::optional<Readiness> RefusalNow(const std::vector<std::string>& resource_names);
-  void BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  // True when a bind was attempted (the host changed).
+  bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
   void Publish(const Readiness& readiness);
@@ -134,8 +144,13 @@ class Daemon::Impl final : public plugin::AgentObserver {
   std::string host_fingerprint_;
   std::vector<validation::Check> host_checks_;
   std::optional<bool> host_ready_written_;
+  std::vector<validation::Check> kubelet_checks_;
+  std::string kubelet_key_;
+  Clock::time_point kubelet_checked_{};
 
   mutable std::mutex state_mu_;
+  std::condition_variable pass_cv_;
+  uint64_t passes_started_ = 0, passes_done_ = 0;
   Readiness readiness_;
   bool published_ = false;
 };
@@ -170,6 +185,7 @@ void Daemon::Impl::Stop() {
   if (stopping_.exchange(true)) return;
   wakeup_.Notify();
   if (loop_.joinable()) loop_.join();
+  pass_cv_.notify_all();
   ready_ = false;
   agent_->Stop();
   health_.Shutdown();
@@ -242,6 +258,20 @@ std::optional<Readiness> Daemon::Impl::RefusalNow(const std::vector<std::string>
 }
 
 absl::Status Daemon::Impl::Pass() {
+  {
+    std::lock_guard lock(state_mu_);
+    ++passes_started_;
+  }
+  absl::Status status = PassOnce();
+  {
+    std::lock_guard lock(state_mu_);
+    ++passes_done_;
+  }
+  pass_cv_.notify_all();
+  return status;
+}
+
+absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
   const HostPaths& paths = options_.serve.paths;
   const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};
@@ -266,16 +296,19 @@ absl::Status Daemon::Impl::Pass() {
     refused_ = false;
   }
 
-  BindDue(*inventory, selection);
+  const bool attempted = BindDue(*inventory, selection);
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
     if (absl::Status status = agent_->Start(); !status.ok()) return status;
     serving_ = true;
   }
   // Readiness from the host as it is after this pass's binds.
-  if (absl::StatusOr<pci::Inventory> after = pci::Scan(paths.sysfs_root, scan_options); after.ok()) {
-    inventory = std::move(after);
-    selection = pci::Select(*inventory, options_.serve.policy);
+  if (attempted) {
+    absl::StatusOr<pci::Inventory> after = pci::Scan(paths.sysfs_root, scan_options);
+    if (after.ok()) {
+      inventory = std::move(after);
+      selection = pci::Select(*inventory, options_.serve.policy);
+    }
   }
   const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
       paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
@@ -297,7 +330,7 @@ absl::Status Daemon::Impl::Pass() {
   return absl::OkStatus();
 }
 
-void Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
+bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
   const Clock::time_point now = Clock::now();
   std::vector<std::string> managed = selection.gpus;
   managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
@@ -315,19 +348,19 @@ void Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
     auto it = backoff_.find(bdf);
     if (it == backoff_.end() || now >= it->second.next) due_groups.insert(*fn->iommu_group);
   }
-  if (due_groups.empty()) return;
+  if (due_groups.empty()) return false;
   binding::BinderOptions options = options_.bind;
   options.only.clear();
   for (const std::string& bdf : selection.gpus) {
     const pci::Function* fn = inventory.Find(bdf);
     if (fn != nullptr && fn->iommu_group && due_groups.contains(*fn->iommu_group)) options.only.push_back(bdf);
   }
-  if (options.only.empty()) return;
+  if (options.only.empty()) return false;
   absl::StatusOr<binding::BindReport> report = binding::Bind(options);
   if (!report.ok()) {
     // The host changed between the scan and the bind (a device removed): the next pass sees it.
     spdlog::warn("reconcile: bind of {}: {}", absl::StrJoin(options.only, ","), report.status().ToString());
-    return;
+    return true;
   }
   std::vector<std::string> bound;
   for (const binding::DeviceResult& result : report->devices) {
@@ -364,6 +397,7 @@ void Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
     Event(kube::EventType::kNormal, "GPUsBound",
           absl::StrCat("bound ", bound.size(), " functions to vfio: ", absl::StrJoin(bound, ",")));
   }
+  return true;
 }
 
 Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
@@ -426,7 +460,9 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
             .message = absl::StrCat("plugin.healthy: ", absl::StrJoin(unhealthy, "; "))};
   }
   std::vector<std::string> unregistered;
+  std::string served_key = absl::StrCat("restarts=", kubelet_restarts_.load(), ";");
   for (const plugin::ResourceStatus& resource : agent_->Resources()) {
+    absl::StrAppend(&served_key, resource.resource_name, ":", resource.registrations, ";");
     metrics_.SetRegistrations(resource.resource_name, resource.registrations);
     auto it = served.resources.find(resource.resource_name);
     if (it != served.resources.end() && !it->second.devices.empty() && !resource.registered) {
@@ -439,9 +475,22 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
             .message = absl::StrCat("plugin.registered: not registered with the kubelet: ",
                                     absl::StrJoin(unregistered, ","))};
   }
+  for (const auto& [name, resource] : served.resources) {
+    for (const plugin::PluginDevice& device : resource.devices) absl::StrAppend(&served_key, device.id, device.healthy);
+  }
+  // The kubelet's allocatable set changes only with what we send it (or a kubelet restart, which we see):
+  // asked again when that changed, after a failure, and at least every kKubeletRecheck.
+  const Clock::time_point now = Clock::now();
+  const bool kubelet_passed = std::none_of(kubelet_checks_.begin(), kubelet_checks_.end(), [](const auto& check) {
+    return check.result == validation::Result::kFail;
+  });
+  if (served_key != kubelet_key_ || !kubelet_passed || now >= kubelet_checked_ + kKubeletRecheck) {
+    kubelet_checks_ = validation::KubeletChecks(view, options_.serve.paths.pod_resources_socket, options_.kubelet_wait);
+    kubelet_key_ = served_key;
+    kubelet_checked_ = now;
+  }
+  const std::vector<validation::Check>& kubelet = kubelet_checks_;
   std::vector<validation::Check> checks = host_checks_;
-  std::vector<validation::Check> kubelet =
-      validation::KubeletChecks(view, options_.serve.paths.pod_resources_socket, options_.kubelet_wait);
   checks.insert(checks.end(), kubelet.begin(), kubelet.end());
   metrics_.SetValidation(checks);
   for (const validation::Check& check : kubelet) {
@@ -531,6 +580,7 @@ Daemon::Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> report
 Daemon::~Daemon() = default;
 absl::Status Daemon::Start() { return impl_->Start(); }
 void Daemon::Stop() { impl_->Stop(); }
+void Daemon::ReconcileNow() { impl_->ReconcileNow(); }
 Readiness Daemon::State() const { return impl_->State(); }
 
 }  // namespace vfio_agent::daemon

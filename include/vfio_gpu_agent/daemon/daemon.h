@@ -71,6 +71,8 @@ class Daemon {
   void Stop();
 
   Readiness State() const;
+  // Runs a full pass on the loop now and returns once one that started after this call has finished.
+  void ReconcileNow();
 
  private:
   class Impl;

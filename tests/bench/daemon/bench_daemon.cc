@@ -1,0 +1,134 @@
+// `run` on the simulated 8x H200 node: process start -> ready (gRPC health SERVING, all 8 GPUs bound from
+// nvidia, registered and allocatable); the cost of one reconcile pass with every GPU already bound; RSS of
+// the process after churn (GPUs knocked off vfio and re-bound, kubelet restarts) against its RSS at ready.
+#include <signal.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "benchmark/benchmark.h"
+#include "run_harness.h"
+#include "vfio_gpu_agent/daemon/daemon.h"
+
+namespace vfio_agent::daemon::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using plugin::testing::kH200;
+using plugin::testing::kH200Gpus;
+using plugin::testing::Node;
+
+std::unique_ptr<Node> FreshNode() {
+  auto node = Node::Create("hgx-h200-8gpu.json");
+  if (!node.ok()) return nullptr;
+  if (!(*node)->StartKubelet({.pod_resources_socket = PodResourcesSocket(**node)}).ok()) return nullptr;
+  return *std::move(node);
+}
+
+double RssKb(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6));
+  }
+  return 0;
+}
+
+// Each iteration on a fresh node whose GPUs start on nvidia, so every start binds all eight.
+void BM_RunStartToReady(benchmark::State& state) {
+  double rss_kb = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::unique_ptr<Node> node = FreshNode();
+    if (!node) {
+      state.SkipWithError("simulated node");
+      return;
+    }
+    state.ResumeTiming();
+    const Clock::time_point start = Clock::now();
+    auto run = RunProcess::Start(*node);
+    if (!run.ok() || !(*run)->WaitReady(true, std::chrono::seconds(30))) {
+      state.SkipWithError("run did not become ready");
+      return;
+    }
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    rss_kb = RssKb((*run)->pid());
+    state.PauseTiming();
+    (*run)->SignalAndWait(SIGTERM);
+    run->reset();
+    node.reset();
+    state.ResumeTiming();
+  }
+  state.counters["rss_ready_kB"] = rss_kb;
+}
+BENCHMARK(BM_RunStartToReady)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+
+// A full pass (scan, nothing to bind, readiness with the pod-resources call, metrics) on a ready node.
+void BM_ReconcilePass8Gpus(benchmark::State& state) {
+  std::unique_ptr<Node> node = FreshNode();
+  if (!node) {
+    state.SkipWithError("simulated node");
+    return;
+  }
+  DaemonOptions options;
+  options.serve = node->options;
+  options.serve.paths.pod_resources_socket = PodResourcesSocket(*node);
+  options.bind.paths = options.serve.paths;
+  options.health_port = 0;
+  options.metrics_port = 0;
+  options.resync_interval = std::chrono::hours(1);
+  Daemon daemon(options, nullptr);
+  if (!daemon.Start().ok() || !WaitUntil([&] { daemon.ReconcileNow(); return daemon.State().ready; })) {
+    state.SkipWithError("daemon not ready");
+    return;
+  }
+  for (auto _ : state) daemon.ReconcileNow();
+  daemon.Stop();
+}
+BENCHMARK(BM_ReconcilePass8Gpus)->Iterations(200)->Repetitions(5)->ReportAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+
+// Churn: each round knocks one GPU off vfio (the loop re-binds it) and every tenth restarts the kubelet;
+// RSS is read once the node is ready again.
+void BM_RssAfterChurn(benchmark::State& state) {
+  const int rounds = static_cast<int>(state.range(0));
+  std::unique_ptr<Node> node = FreshNode();
+  if (!node) {
+    state.SkipWithError("simulated node");
+    return;
+  }
+  auto run = RunProcess::Start(*node);
+  if (!run.ok() || !(*run)->WaitReady()) {
+    state.SkipWithError("run did not become ready");
+    return;
+  }
+  (*run)->Metrics();  // the first scrape allocates the exposer's buffers; count them at start
+  const double start_kb = RssKb((*run)->pid());
+  for (auto _ : state) {
+    for (int i = 0; i < rounds; ++i) {
+      const std::string& bdf = kH200Gpus[i % kH200Gpus.size()];
+      if (!node->Control("set-driver " + bdf + " none").ok()) break;
+      if (i % 10 == 9 && !node->kubelet().Restart().ok()) break;
+      const bool rebound = WaitUntil([&] { return DriverOf(*node, bdf) == "vfio-pci"; });
+      const bool ready = rebound && (*run)->WaitReady();
+      if (!ready || !node->WaitForCounts(kH200, 8, 8, std::chrono::seconds(30))) {
+        const std::string log = (*run)->Log();
+        std::cerr << "round " << i << " " << bdf << (rebound ? " rebound" : " not rebound")
+                  << (ready ? ", ready" : ", not ready") << "\n" << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+        state.SkipWithError("not ready again after a churn round");
+        return;
+      }
+      (*run)->Metrics();
+    }
+  }
+  const double end_kb = RssKb((*run)->pid());
+  state.counters["rss_start_kB"] = start_kb;
+  state.counters["rss_end_kB"] = end_kb;
+  state.counters["rss_growth_kB"] = end_kb - start_kb;
+  (*run)->SignalAndWait(SIGTERM);
+}
+BENCHMARK(BM_RssAfterChurn)->Arg(200)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace vfio_agent::daemon::testing
+
+BENCHMARK_MAIN();
