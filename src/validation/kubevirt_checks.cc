@@ -120,15 +120,16 @@ void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
     return std::find(cr.feature_gates.begin(), cr.feature_gates.end(), gate) != cr.feature_gates.end();
   };
   constexpr char kGateFix[] =
-      "Add %s to %s (Cozystack adds HostDevices when the gpu-operator package is enabled; plain KubeVirt: "
-      "`kubectl edit kubevirt -n kubevirt kubevirt`).";
+      "Add %s to %s (Cozystack: %s; plain KubeVirt: `kubectl edit kubevirt -n kubevirt kubevirt`).";
+  constexpr char kCozystackHostDevices[] = "it adds HostDevices when the cozystack.gpu-operator package is enabled";
+  constexpr char kCozystackGpu[] = "its kubevirt chart sets GPU itself; a CR without it was not rendered by that chart";
   if (has("HostDevices")) {
     out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kPass,
                              "the HostDevices feature gate is on", {{source, value}}));
   } else {
     out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kFail,
                              "the HostDevices feature gate is off: KubeVirt ignores permittedHostDevices",
-                             {{source, value}}, absl::StrFormat(kGateFix, "HostDevices", kGatesPath)));
+                             {{source, value}}, absl::StrFormat(kGateFix, "HostDevices", kGatesPath, kCozystackHostDevices)));
   }
   // Only KubeVirt releases that still gate `spec.domain.devices.gpus` (what Cozystack's VMInstance renders)
   // need GPU, so its absence is a warning, not a failure.
@@ -140,7 +141,7 @@ void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
         "kubevirt.feature_gate", Layer::kKubevirt, "GPU", Result::kWarn,
         "the GPU feature gate is off: KubeVirt releases that gate devices.gpus reject such VMs (\"GPU feature "
         "gate is not enabled\")",
-        {{source, value}}, absl::StrFormat(kGateFix, "GPU", kGatesPath)));
+        {{source, value}}, absl::StrFormat(kGateFix, "GPU", kGatesPath, kCozystackGpu)));
   }
 }
 
