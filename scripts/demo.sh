@@ -53,8 +53,9 @@ serve_pid=$!
 
 resource=$("$agent" inspect "${roots[@]}" --json | sed -n 's/.*"resourceName": "\(nvidia.com\/[^"]*\)".*/\1/p' | sort -u | head -1)
 count=$("$agent" inspect "${roots[@]}" --json | grep -c "\"resourceName\": \"$resource\"")
-# The kubelet simulator keeps serving (pod-resources too) so that `validate` below sees the whole chain.
-"$kubelet" --dir "$work/kubelet" --pod-resources-socket "$work/pod-resources.sock" --wait "$resource=$count" \
+# The kubelet simulator keeps serving (pod-resources too) so that `validate` below sees the whole chain; its
+# output goes to a file, line-buffered so that it can be waited for.
+stdbuf -oL "$kubelet" --dir "$work/kubelet" --pod-resources-socket "$work/pod-resources.sock" --wait "$resource=$count" \
   --timeout-ms 10000 --admit "vm-gpu-1:$resource=1" --describe --serve-forever > "$work/kubelet.out" 2>&1 &
 kubelet_pid=$!
 # Its report is complete once the node description (the last thing it prints) is there.
@@ -73,7 +74,7 @@ kind: KubeVirt
 metadata: {name: kubevirt, namespace: kubevirt}
 spec:
   configuration:
-    developerConfiguration: {featureGates: [HostDevices]}
+    developerConfiguration: {featureGates: [HostDevices, GPU]}
     permittedHostDevices:
       pciHostDevices:
       - {pciVendorSelector: "10DE:2335", resourceName: $resource, externalResourceProvider: true}
