@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <set>
 #include <system_error>
 
@@ -29,7 +30,10 @@ std::vector<int> Pids(const stdfs::path& proc_root) {
   absl::StatusOr<std::vector<std::string>> entries = fs::ListDir(proc_root);
   if (!entries.ok()) return pids;
   for (const std::string& name : *entries) {
-    if (IsPid(name)) pids.push_back(std::stoi(name));
+    int pid = 0;
+    // from_chars, not stoi: a digit name beyond int (a fake or odd proc root) is skipped, never thrown.
+    auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), pid);
+    if (IsPid(name) && ec == std::errc() && end == name.data() + name.size()) pids.push_back(pid);
   }
   return pids;
 }

@@ -69,6 +69,21 @@ TEST(HoldersTest, NvidiaHoldersFromFakeProcAndModules) {
   EXPECT_EQ((Holder{.pid = 4242, .comm = "x", .what = "y"}.ToString()), "pid 4242 (x): y");
 }
 
+// A proc root is read as found: a digit name too large for a pid, a process without fd or comm, an fd that
+// is not a link. None of it may throw out of the scan; the real holder is still found.
+TEST(HoldersTest, OddProcEntriesAreSkippedNotThrown) {
+  vfio_agent::testing::TempDir tmp;
+  HostPaths paths{.sysfs_root = tmp.path() / "sys", .dev_root = tmp.path() / "dev", .proc_root = tmp.path() / "proc"};
+  FakeProcess(paths.proc_root, 4242, "qemu", {paths.dev_root / "nvidia0"});
+  stdfs::create_directories(paths.proc_root / "99999999999" / "fd");
+  stdfs::create_directories(paths.proc_root / "77");
+  WriteFile(paths.proc_root / "88" / "fd" / "3", "not a link");
+  std::vector<Holder> holders;
+  EXPECT_NO_THROW(holders = NvidiaHolders(paths));
+  EXPECT_THAT(holders, Contains(Field(&Holder::pid, 4242)));
+  EXPECT_EQ(holders.size(), 1u);
+}
+
 TEST(HoldersTest, VfioGroupOpenerIsARealProcess) {
   vfio_agent::testing::TempDir tmp;
   HostPaths paths{.dev_root = tmp.path() / "dev", .proc_root = "/proc"};
