@@ -159,6 +159,7 @@ scenario_bind() {
         # the bind step the failing check ids end up in the description (device.driver).
         run_agent validate --layers platform,devices --vendor "$vendor" --classes "$classes"
         vfails=$(sed -n 's/^  FAIL  \([a-z_.]*\).*/\1/p' /tmp/agent.out | sort -u | tr '\n' ' ')
+        vfails=${vfails% }
         check "$label validate: layers 1-2 pass on the real kernel (exit $RC; failing: ${vfails:-none})" [ "$RC" = 0 ]
         check "$label validate: the VT-d unit's interrupt remapping is seen" \
             grep -q "^  pass  iommu.interrupt_remapping" /tmp/agent.out

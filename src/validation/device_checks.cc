@@ -171,7 +171,7 @@ Check ResetMethod(const NodeView& node, const pci::Function& fn) {
   const bool reset = fs::Exists(dir / "reset");
   check.Saw((dir / "reset").string(), reset ? "present" : "(absent)");
   if (!methods.ok() && reset) return check.Pass("resettable (kernel without reset_method)");
-  return check.Warn("no reset method: the GPU cannot be reset between VMs and may carry state or hang the next VM",
+  return check.Warn("no reset method: the device cannot be reset between VMs and may carry state or hang the next VM",
                     "Give its whole IOMMU group to one VM and do not hand it to another VM without a node reboot; a "
                     "slot of its own (secondary bus reset) or newer GPU firmware (FLR) adds a method");
 }
