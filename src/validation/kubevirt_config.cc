@@ -43,7 +43,9 @@ std::vector<PermittedEntry> PermittedEntries(const std::vector<std::pair<uint16_
   const auto resolved = names.Resolve(ids);
   std::vector<PermittedEntry> out;
   for (const auto& [vendor, device] : distinct) {
-    PermittedEntry entry{.vendor_id = vendor, .device_id = device};
+    PermittedEntry entry;
+    entry.vendor_id = vendor;
+    entry.device_id = device;
     auto it = resolved.find(names::NameKey(vendor, device));
     if (it == resolved.end()) continue;
     entry.resource_name = it->second.resource_name;

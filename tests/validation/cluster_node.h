@@ -144,8 +144,10 @@ class ClusterNode {
     return absl::OkStatus();
   }
   absl::Status StartKubelet() {
-    kubelet_ = std::make_unique<kubeletsim::KubeletSim>(
-        kubeletsim::Options{.dir = paths.kubelet_dir, .pod_resources_socket = paths.pod_resources_socket});
+    kubeletsim::Options options;
+    options.dir = paths.kubelet_dir;
+    options.pod_resources_socket = paths.pod_resources_socket;
+    kubelet_ = std::make_unique<kubeletsim::KubeletSim>(options);
     return kubelet_->Start();
   }
   absl::Status StartAgent() {
