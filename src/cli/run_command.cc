@@ -15,7 +15,11 @@ namespace vfio_agent::cli {
 namespace {
 
 std::vector<FlagSpec> RunFlags() {
-  std::vector<FlagSpec> specs = BindFlags();
+  std::vector<FlagSpec> specs;
+  // A daemon that only plans would retry its plan forever: --dry-run belongs to `bind`.
+  for (auto& spec : BindFlags()) {
+    if (spec.name != "dry-run") specs.push_back(std::move(spec));
+  }
   for (auto& spec : ServeFlags()) specs.push_back(std::move(spec));
   std::vector<FlagSpec> own = {
       {"health-port", "PORT", "TCP port of the gRPC health service (readiness: service \"\", liveness: \"liveness\"); 0 = off",

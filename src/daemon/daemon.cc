@@ -185,6 +185,9 @@ void Daemon::Impl::Stop() {
   if (stopping_.exchange(true)) return;
   wakeup_.Notify();
   if (loop_.joinable()) loop_.join();
+  {
+    std::lock_guard lock(state_mu_);  // a ReconcileNow between its check and its wait sees this notify
+  }
   pass_cv_.notify_all();
   ready_ = false;
   agent_->Stop();

@@ -204,6 +204,21 @@ TEST_F(RunProcessTest, OperatorLabelOnTheNodeRefusesItWithTheConditionReason) {
   for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*node_, bdf), "nvidia") << bdf;
 }
 
+TEST(RunCommandTest, HelpListsEveryOptionOfRunBindAndServe) {
+  FILE* pipe = ::popen(VA_AGENT_BIN " run --help", "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string help;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) help.append(buffer, n);
+  EXPECT_EQ(::pclose(pipe), 0);
+  for (const char* option : {"--health-port", "--metrics-port", "--kubeconfig", "--node-name", "NODE_NAME",
+                             "--status-dir", "--pod-resources-socket", "--write-timeout", "--device",
+                             "--kubelet-socket", "--rescan-interval", "--sysfs-root", "--kubelet-dir"}) {
+    EXPECT_THAT(help, HasSubstr(option));
+  }
+  EXPECT_THAT(help, ::testing::Not(HasSubstr("--dry-run")));
+}
+
 class RunSignalTest : public RunProcessTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(RunSignalTest, DeregistersRemovesItsSocketExitsZeroAndUnbindsNothing) {
