@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "node_spec.h"
 #include "sim_process.h"
+#include "support/fuse.h"
 
 namespace vfio_agent::sim {
 namespace {
@@ -65,6 +66,9 @@ std::string Shell(const std::string& command) {
 
 class SysfsSimTest : public ::testing::Test {
  protected:
+  void SetUp() override {
+    if (!vfio_agent::testing::FuseAvailable()) GTEST_SKIP() << vfio_agent::testing::kNeedsFuse;
+  }
   void Start(const std::string& node) {
     static std::atomic<int> counter = 0;
     root_ = fs::path(::testing::TempDir()) / ("sysfs_sim_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
