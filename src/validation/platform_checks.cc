@@ -85,7 +85,7 @@ Check IommuEnabled(const Platform& p) {
   if (p.table.empty()) {
     return check.Fail(
         absl::StrCat("IOMMU off: no IOMMU groups, and the firmware exposes no ", p.amd ? "IVRS" : "DMAR",
-                     " table (the IOMMU is disabled in the BIOS)"),
+                     " table (the IOMMU is disabled in the BIOS; in a VM, the hypervisor offers no vIOMMU)"),
         absl::StrCat("Enable ", p.amd ? "AMD-Vi / IOMMU (SVM and IOMMU)" : "VT-d (Intel Virtualization for Directed I/O)",
                      " in the BIOS/UEFI setup; then add ", kernel_args, " to the kernel command line ", where));
   }

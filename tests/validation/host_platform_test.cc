@@ -158,5 +158,23 @@ TEST(HostPlatformTest, HostDriverOwningAGpuWarnsAndFailsThatDevice) {
   EXPECT_EQ(FindCheck(report, "group.devnode", "group 11")->result(), rpt::SKIP);
 }
 
+// The host layers on this machine's real /sys, /dev and /proc, read-only: whatever the machine is, the report is
+// complete and iommu.enabled agrees with the kernel's group directory.
+TEST(HostPlatformTest, RealHostIsReadOnlyAndConsistent) {
+  ValidateOptions options;
+  options.layers = {Layer::kPlatform, Layer::kDevices};
+  auto report = validation::Validate(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const rpt::Check* iommu = FindCheck(*report, "iommu.enabled", "node");
+  ASSERT_NE(iommu, nullptr);
+  std::error_code ec;
+  const bool groups = std::filesystem::directory_iterator("/sys/kernel/iommu_groups", ec) !=
+                      std::filesystem::directory_iterator();
+  EXPECT_EQ(iommu->result() == rpt::PASS, groups && !ec);
+  const rpt::Counts& c = report->counts();
+  EXPECT_EQ(c.pass() + c.warn() + c.fail() + c.skip(), report->checks_size());
+  EXPECT_EQ(report->ok(), c.fail() == 0);
+}
+
 }  // namespace
 }  // namespace vfio_agent::validation::testing
