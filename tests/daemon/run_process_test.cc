@@ -146,6 +146,42 @@ TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
   EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
 }
 
+// In steady state `run` sends the API nothing: the condition only when it changes, labels only while it
+// refuses the node. Passes are counted through the reconcile-time metric.
+TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
+  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a", "--resync-interval", "100"});
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(WaitUntil([&] { return (*api)->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
+  // Everything the start produced (condition, events) has gone out once the event writes stop changing.
+  auto pass_stamp = [&] {
+    const std::string metrics = run_->Metrics();
+    const size_t at = metrics.find("\nvfio_gpu_agent_last_reconcile_timestamp_seconds ");
+    return at == std::string::npos ? std::string() : metrics.substr(at, metrics.find('\n', at + 1) - at);
+  };
+  auto wait_passes = [&](int passes) {
+    for (int i = 0; i < passes; ++i) {
+      const std::string before = pass_stamp();
+      if (!WaitUntil([&] { return pass_stamp() != before; })) return false;
+    }
+    return true;
+  };
+  size_t settled = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    const size_t now = (*api)->Log().size();
+    const bool same = now == settled;
+    settled = now;
+    return same && wait_passes(3);
+  }));
+  ASSERT_TRUE(wait_passes(10));
+  EXPECT_EQ((*api)->Log().size(), settled);
+}
+
 TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {
   Boot();
   const auto kubeconfig = node_->kubelet_dir().parent_path() / "kubeconfig";
