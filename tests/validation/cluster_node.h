@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,11 +47,13 @@ inline std::string EvidenceText(const Check& check) {
   return text;
 }
 
-// A device plugin serving a fixed list: another vendor's plugin as the validator finds it next to ours.
+// A device plugin serving a fixed list (none at all when `ids` is nullopt: a plugin whose ListAndWatch hangs):
+// another vendor's plugin as the validator finds it next to ours.
 class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
  public:
   ScriptedPlugin(std::filesystem::path socket, std::vector<std::string> healthy_ids)
       : socket_(std::move(socket)), ids_(std::move(healthy_ids)) {}
+  ScriptedPlugin(std::filesystem::path socket, std::nullopt_t) : socket_(std::move(socket)) {}
   ~ScriptedPlugin() override { Stop(); }
 
   absl::Status Start() {
@@ -80,13 +83,15 @@ class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
   // One list, then nothing until the stream is cancelled or the plugin stops.
   grpc::Status ListAndWatch(grpc::ServerContext* ctx, const ::v1beta1::Empty*,
                             grpc::ServerWriter<::v1beta1::ListAndWatchResponse>* writer) override {
-    ::v1beta1::ListAndWatchResponse message;
-    for (const auto& id : ids_) {
-      auto* device = message.add_devices();
-      device->set_id(id);
-      device->set_health(plugin::kHealthy);
+    if (ids_) {
+      ::v1beta1::ListAndWatchResponse message;
+      for (const auto& id : *ids_) {
+        auto* device = message.add_devices();
+        device->set_id(id);
+        device->set_health(plugin::kHealthy);
+      }
+      if (!writer->Write(message)) return grpc::Status::OK;
     }
-    if (!writer->Write(message)) return grpc::Status::OK;
     std::unique_lock lock(mu_);
     while (!stop_ && !ctx->IsCancelled()) cv_.wait_for(lock, 20ms);
     return grpc::Status::OK;
@@ -99,7 +104,7 @@ class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
 
  private:
   std::filesystem::path socket_;
-  std::vector<std::string> ids_;
+  std::optional<std::vector<std::string>> ids_;
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
   std::condition_variable cv_;

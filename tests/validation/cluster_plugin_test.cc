@@ -116,6 +116,20 @@ TEST_F(ClusterPluginTest, PluginListingAGpuSysfsSaysIsUnhealthyFails) {
   EXPECT_FALSE(devices->fix.empty());
 }
 
+TEST_F(ClusterPluginTest, PluginThatNeverSendsItsListFails) {
+  ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+  ScriptedPlugin silent(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), std::nullopt);
+  ASSERT_TRUE(silent.Start().ok());
+  // The plugin never writes, so the (short) wait always runs out.
+  const auto checks = PluginChecks(node_->View(), 300ms);
+  EXPECT_EQ(FindCheck(checks, "plugin.socket", kH200)->result, Result::kPass);
+  const Check* devices = FindCheck(checks, "plugin.devices", kH200);
+  ASSERT_NE(devices, nullptr);
+  EXPECT_EQ(devices->result, Result::kFail);
+  EXPECT_EQ(devices->message, "no ListAndWatch message within 300 ms");
+  EXPECT_THAT(devices->fix, HasSubstr("Restart the plugin"));
+}
+
 TEST_F(ClusterPluginTest, KubevirtsOwnPluginForOurNameIsADuplicateProvider) {
   Serve();
   // virt-handler's plugin for a name permitted without externalResourceProvider: ids are IOMMU groups.
