@@ -1,4 +1,8 @@
 // Layer 4 through the kubelet simulator's pod-resources server, with the real agent on the simulated node.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -47,6 +51,30 @@ TEST_F(ClusterKubeletTest, NoPodResourcesSocketSkipsWithWhy) {
   }
   EXPECT_NE(FindCheck(checks, "kubelet.allocatable"), nullptr);
   EXPECT_NE(FindCheck(checks, "kubelet.in_use"), nullptr);
+}
+
+TEST_F(ClusterKubeletTest, PodResourcesSocketThatDoesNotAnswerFails) {
+  ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+  // A kubelet that died: its socket file stays, nobody accepts on it.
+  const std::string path = node_->paths.pod_resources_socket.string();
+  std::filesystem::create_directories(node_->paths.pod_resources_socket.parent_path());
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof addr.sun_path);
+  std::copy(path.begin(), path.end(), addr.sun_path);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  close(fd);
+
+  const auto checks = Run();
+  ASSERT_EQ(checks.size(), 2u);
+  for (const Check& check : checks) {
+    EXPECT_EQ(check.result, Result::kFail) << check.id;
+    EXPECT_THAT(check.fix, HasSubstr("systemctl status kubelet"));
+  }
+  EXPECT_THAT(FindCheck(checks, "kubelet.allocatable")->message, HasSubstr("does not answer GetAllocatableResources"));
+  EXPECT_THAT(FindCheck(checks, "kubelet.in_use")->message, HasSubstr("does not answer List"));
 }
 
 TEST_F(ClusterKubeletTest, ServedAndRegisteredNodePasses) {
