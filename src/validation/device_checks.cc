@@ -2,6 +2,7 @@
 // device; config space (the vendor id) only of functions whose power_state is known and not D3cold.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "check_builder.h"
+#include "vfio_gpu_agent/binding/holders.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/validation/check.h"
 
@@ -68,7 +70,10 @@ std::string Describe(const pci::Function& fn) {
                       fn.driver.empty() ? "(no driver)" : fn.driver);
 }
 
-Check DeviceDriver(const NodeView& node, const pci::Function& fn) {
+// `nvidia_holders`: what keeps the nvidia driver busy (binding::NvidiaHolders), read once per run and only when a
+// selected function is on nvidia.
+Check DeviceDriver(const NodeView& node, const pci::Function& fn,
+                   std::optional<std::vector<binding::Holder>>& nvidia_holders) {
   CheckBuilder check("device.driver", kLayer, fn.bdf);
   check.Saw((node.paths.PciDevice(fn.bdf) / "driver").string(), fn.driver.empty() ? "(none)" : fn.driver)
       .Saw((node.paths.PciDevice(fn.bdf) / "driver_override").string(),
@@ -76,8 +81,14 @@ Check DeviceDriver(const NodeView& node, const pci::Function& fn) {
   if (pci::IsVfioDriver(fn.driver)) return check.Pass(absl::StrCat("on ", fn.driver));
   std::string fix = absl::StrCat("vfio-gpu-agent bind --device ", fn.bdf, " (moves its whole IOMMU group to vfio-pci)");
   if (fn.driver == "nvidia") {
-    absl::StrAppend(&fix, "; first stop what holds /dev/nvidia* (nvidia-persistenced, DCGM, nvidia-smi loops): "
-                          "`vfio-gpu-agent inspect` names them");
+    if (!nvidia_holders) nvidia_holders = binding::NvidiaHolders(node.paths);
+    std::vector<std::string> holders;
+    for (const binding::Holder& holder : *nvidia_holders) holders.push_back(holder.ToString());
+    check.Saw(absl::StrCat((node.paths.proc_root / "*/fd").string(), ", ",
+                           (node.paths.sysfs_root / "module/nvidia*").string()),
+              holders.empty() ? "nothing holds /dev/nvidia*" : absl::StrJoin(holders, "; "));
+    absl::StrAppend(&fix, holders.empty() ? "" : absl::StrCat("; first stop ", absl::StrJoin(holders, "; ")),
+                    " (nvidia-persistenced, DCGM and CUDA processes keep the driver from letting go)");
   } else if (fn.driver == "nouveau" || fn.driver == "nvidiafb") {
     absl::StrAppend(&fix, "; blacklist ", fn.driver, " (/etc/modprobe.d) so it cannot take the GPU at boot");
   }
@@ -358,6 +369,7 @@ Check MmioWindow(const NodeView& node) {
 
 std::vector<Check> DeviceChecks(const NodeView& node) {
   std::vector<Check> checks;
+  std::optional<std::vector<binding::Holder>> nvidia_holders;
   for (const std::string& bdf : node.selection->gpus) {
     const pci::Function* fn = node.inventory->Find(bdf);
     if (fn == nullptr) {
@@ -365,7 +377,7 @@ std::vector<Check> DeviceChecks(const NodeView& node) {
           "attributes unreadable (see `vfio-gpu-agent inspect` scan errors)", "Check dmesg for this device"));
       continue;
     }
-    checks.push_back(DeviceDriver(node, *fn));
+    checks.push_back(DeviceDriver(node, *fn, nvidia_holders));
     checks.push_back(SriovMode(node, *fn));
     checks.push_back(Bars(node, *fn));
     checks.push_back(PowerState(node, *fn));

@@ -38,6 +38,16 @@ TEST(HostDeviceTest, GpuOnItsHostDriverFailsDeviceDriverOnly) {
   EXPECT_THAT(check->fix(), HasSubstr(absl::StrCat("vfio-gpu-agent bind --device ", kGpu)));
   EXPECT_THAT(check->fix(), HasSubstr("nvidia-persistenced"));
   EXPECT_EQ(FindCheck(report, "group.devnode", "group 11")->result(), rpt::SKIP);
+
+  // A CUDA process holding the GPU's node is named, with its pid, in the evidence and the fix.
+  const std::filesystem::path proc = node->paths.proc_root / "4242";
+  std::filesystem::create_directories(proc / "fd");
+  std::ofstream(proc / "comm") << "cuda-app\n";
+  std::filesystem::create_symlink(node->paths.dev_root / "nvidia0", proc / "fd/3");
+  const rpt::ValidateReport held = node->Validate(true);
+  const rpt::Check* with_holder = FindCheck(held, "device.driver", kGpu);
+  EXPECT_THAT(with_holder->fix(), HasSubstr("pid 4242 (cuda-app)"));
+  EXPECT_THAT(with_holder->evidence(2).value(), HasSubstr("nvidia0 open"));
   EXPECT_FALSE(report.host_ready());
 }
 
