@@ -406,7 +406,8 @@ void Agent::Impl::Reconcile() {
     std::string reason;
     if (!resource.server) {
       if (now >= resource.next_serve) reason = "serving";
-    } else if (!(StatFileId(resource.socket) == resource.server->socket_id())) {
+    } else if (!resource.server->socket_id().present() ||  // removed between bind and stat (kubelet restart)
+               !(StatFileId(resource.socket) == resource.server->socket_id())) {
       reason = "own socket removed (kubelet restart)";
     } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
       reason = "kubelet.sock re-created (kubelet restart)";
