@@ -81,7 +81,6 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
   snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
 
   std::vector<const pci::Function*> advertised;
-  std::vector<std::pair<uint16_t, uint16_t>> ids;
   for (const std::string& bdf : selection.gpus) {
     if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
     const pci::Function* fn = inventory.Find(bdf);
