@@ -141,13 +141,18 @@ int ScanEntries(int dir_fd, Presence* presence, std::vector<std::string>* consum
   return err;
 }
 
-// Reading config resumes a runtime-suspended device (a GPU in D3cold wakes up), so only bridge-class
-// functions, whose header type decides whether they are bridges, pay for it. Unreadable or short config
-// leaves header_type 0 and IsBridge falls back to the class code.
-void ReadHeaderTypeAt(int dir_fd, const char* config, Function* fn) {
+// Reading config resumes a runtime-suspended device (a GPU or NVSwitch in D3cold wakes up), so only
+// bridge-class functions, whose header type decides whether they are bridges, pay for it, and never one
+// that power_state says is in D3cold. Unread, unreadable or short config leaves header_type 0 and IsBridge
+// falls back to the class code (0604 is a bridge; an NVSwitch, 0680, is an endpoint either way).
+void ReadHeaderTypeAt(int dir_fd, std::string_view prefix, Function* fn) {
   if ((fn->class_code >> 16) != kClassBaseBridge) return;
   char buf[kConfigHeaderBytes];
-  ssize_t n = ReadAttr(dir_fd, config, buf, sizeof buf);
+  std::string power_state = std::string(prefix) + "power_state";
+  ssize_t power = ReadAttr(dir_fd, power_state.c_str(), buf, sizeof buf);
+  if (power > 0 && TrimWhitespace(std::string_view(buf, static_cast<size_t>(power))) == "D3cold") return;
+  std::string config = std::string(prefix) + "config";
+  ssize_t n = ReadAttr(dir_fd, config.c_str(), buf, sizeof buf);
   if (n > static_cast<ssize_t>(kHeaderTypeOffset)) {
     fn->header_type = static_cast<uint8_t>(buf[kHeaderTypeOffset]) & 0x7f;
   }
@@ -243,7 +248,7 @@ std::string ReadDriverLink(int parent_fd, const std::string& bdf) {
   return ReadLinkBasenameAt(parent_fd, (bdf + "/driver").c_str()).value_or("");
 }
 
-void ReadHeaderType(int parent_fd, Function* fn) { ReadHeaderTypeAt(parent_fd, (fn->bdf + "/config").c_str(), fn); }
+void ReadHeaderType(int parent_fd, Function* fn) { ReadHeaderTypeAt(parent_fd, fn->bdf + "/", fn); }
 
 bool IsCanonicalBdf(std::string_view text) {
   auto lower_hex = [](std::string_view digits) {
@@ -292,7 +297,7 @@ DeviceRead ReadFunctionAt(int parent_fd, const std::filesystem::path& parent_pat
   // probe or unbind never stalls the scan.
   if (read_driver_link) fn.driver = ReadLinkBasenameAt(path_fd.get(), "driver").value_or("");
   if (options.detail_vendor && fn.vendor_id != *options.detail_vendor) return out;
-  ReadHeaderTypeAt(path_fd.get(), "config", &fn);
+  ReadHeaderTypeAt(path_fd.get(), "", &fn);
   ScopedFd dir_fd(::openat(path_fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0) {
     out.failed_path = dir.Dir();

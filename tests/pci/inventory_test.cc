@@ -172,6 +172,21 @@ TEST_F(InventoryTest, BridgesFromHeaderTypeOrFromClassWhenConfigIsUnreadable) {
   EXPECT_EQ(inventory.Find("0000:00:01.0")->driver, "pcieport");
 }
 
+// Reading config wakes a function from D3cold: a sleeping bridge-class function keeps its header type unread
+// (config here claims a bridge header, so a read would show), and one that is awake is read as before.
+TEST_F(InventoryTest, ConfigOfABridgeClassFunctionInD3coldIsNeverRead) {
+  tree_.AddDevice({.bdf = "0000:05:00.0", .device = 0x22a3, .class_code = 0x068000, .header_type = 1});
+  tree_.AddDevice({.bdf = "0000:06:00.0", .device = 0x22a3, .class_code = 0x068000, .header_type = 1});
+  tree_.WriteAttribute("0000:05:00.0", "power_state", "D3cold\n");
+  tree_.WriteAttribute("0000:06:00.0", "power_state", "D0\n");
+  Inventory inventory = MustScan();
+  EXPECT_EQ(inventory.Find("0000:05:00.0")->header_type, 0);
+  EXPECT_EQ(inventory.Find("0000:06:00.0")->header_type, 1);
+  auto single = ReadFunction(tree_.root(), "0000:05:00.0");
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(single->header_type, 0);
+}
+
 TEST_F(InventoryTest, OtherVendorsAreReadOnlyAsFarAsSelectionNeeds) {
   tree_.AddDevice({.bdf = "0000:3b:00.0", .numa_node = 1, .driver = "vfio-pci", .driver_override = "vfio-pci",
                    .iommu_group = 7, .consumers = {"0000:3b:00.1"}, .vfio_cdevs = {"vfio0"}});
