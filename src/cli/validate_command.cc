@@ -1,10 +1,9 @@
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/validation/validate.h"
 
 namespace vfio_agent::cli {
@@ -50,12 +49,9 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
   if (!absl::SimpleAtoi(timeout, &ms) || ms <= 0) return usage("--rpc-timeout must be a positive number of milliseconds");
   options.rpc_wait = std::chrono::milliseconds(ms);
   if (cmd.flags.Has("kubevirt-cr")) {
-    const std::string file = cmd.flags.Get("kubevirt-cr");
-    std::ifstream in(file);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in) return usage(absl::StrCat("--kubevirt-cr: cannot read ", file));
-    options.kubevirt_cr = text.str();
+    auto text = fs::ReadTrimmed(cmd.flags.Get("kubevirt-cr"));
+    if (!text.ok()) return usage(absl::StrCat("--kubevirt-cr: ", text.status().message()));
+    options.kubevirt_cr = *std::move(text);
   }
   // Names come from pinned entries and overrides first; pci.ids is parsed only if a GPU needs it.
   auto db = LazyNameDatabase(cmd.common);

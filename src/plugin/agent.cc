@@ -212,7 +212,10 @@ void Agent::Impl::Stop() {
       resource.server->Shutdown(/*deregister=*/true);
       resource.server.reset();
     }
-    if (options_.cdi) std::filesystem::remove(CdiSpecPath(options_.cdi_dir, name));
+    if (options_.cdi) {
+      std::error_code ec;  // a spec already gone (or a read-only dir) must not abort the shutdown
+      std::filesystem::remove(CdiSpecPath(options_.cdi_dir, name), ec);
+    }
     if (started_) spdlog::info("{}: stopped, socket {} removed", name, resource.socket.string());
   }
   resources_.clear();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_replace.h"
 #include "cluster_check_util.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::validation {
@@ -187,13 +188,13 @@ void CheckOtherProviders(const NodeView& node, std::chrono::milliseconds wait, s
   }
 
   std::vector<fs::path> others;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(node.paths.kubelet_dir, ec)) {
+  // The kubelet deletes and recreates sockets while we list: an entry that vanished is simply not examined.
+  for (const std::string& name : vfio_agent::fs::ListDir(node.paths.kubelet_dir).value_or(std::vector<std::string>{})) {
     std::error_code stat_ec;
-    if (!fs::is_socket(entry.symlink_status(stat_ec))) continue;
-    if (own_sockets.count(entry.path().filename().string()) == 0) others.push_back(entry.path());
+    const fs::path path = node.paths.kubelet_dir / name;
+    if (!fs::is_socket(fs::symlink_status(path, stat_ec))) continue;
+    if (own_sockets.count(name) == 0) others.push_back(path);
   }
-  std::sort(others.begin(), others.end());
 
   const size_t before = out->size();
   std::vector<std::string> examined;

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -69,6 +70,17 @@ TEST(HostCliTest, BrokenNodeExitsOneWithEvidenceAndFixAndRemovesTheReadyFile) {
   EXPECT_THAT(run.out, HasSubstr("BROKEN at iommu.interrupt_remapping"));
   EXPECT_FALSE(std::filesystem::exists(status.path() / "vfio-pci-ready"));
   EXPECT_TRUE(std::filesystem::exists(status.path() / "workload-type"));
+}
+
+// A CR argument that never ends (or never opens: a FIFO without a writer) is refused at once, naming it.
+TEST(HostCliTest, KubevirtCrThatIsNotARegularFileIsAUsageError) {
+  vfio_agent::testing::TempDir dir;
+  const std::filesystem::path fifo = dir.path() / "cr.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string file : {std::string("/dev/zero"), fifo.string()}) {
+    const AgentRun run = Agent(absl::StrCat("--kubevirt-cr ", file, " --layers kubevirt 2>&1"));
+    EXPECT_EQ(run.exit_code, 2) << file << ": " << run.out;
+  }
 }
 
 TEST(HostCliTest, JsonFollowsTheSchema) {

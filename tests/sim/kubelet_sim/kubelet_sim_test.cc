@@ -302,9 +302,7 @@ TEST_F(KubeletSimTest, RegisterDialsBackAndConsumesListAndWatch) {
 
   EXPECT_EQ(sim.DescribeNode(), "Capacity:\n  example.com/gpu:  4\nAllocatable:\n  example.com/gpu:  3\n");
 
-  const auto stop_started = Clock::now();
-  sim.Stop();
-  EXPECT_LT(Clock::now() - stop_started, 2s);
+  sim.Stop();  // returns (rather than hangs) with a live stream open
   EXPECT_FALSE(fs::exists(sim.kubelet_socket()));
   EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, 2000ms));
 }
@@ -347,8 +345,7 @@ TEST_F(KubeletSimTest, RegisterFailsWhenNothingServesTheEndpoint) {
   const auto took = Clock::now() - started;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(status.error_message(), "failed to dial device plugin: context deadline exceeded");
-  EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_GE(took, 300ms);  // the dial timeout elapsed: certain, whatever the machine's speed
   EXPECT_TRUE(sim.Resources().empty());
 }
 
@@ -448,6 +445,8 @@ TEST_P(TakeoverTest, OldStreamEndHitsTheNewClientOnlyWhenResourceKeyed) {
     EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return new_instance.streams_ended.load() == 1; }, 2000ms));
   } else {
     ASSERT_TRUE(sim.WaitFor([&](const KubeletSim&) { return old_instance.streams_ended.load() == 1; }, 2000ms));
+    // What must NOT happen (the new registration dropped) has no event to wait for; a slow machine can only
+    // make this grace too short to catch a regression, never fail a correct simulator.
     std::this_thread::sleep_for(200ms);
     EXPECT_TRUE(Has(2, 2, true)(sim)) << sim.DescribeNode();
     EXPECT_EQ(new_instance.streams_ended.load(), 0);
@@ -510,10 +509,9 @@ TEST_F(KubeletSimTest, LegacyModeRepliesAtOnceAndUsesTheRequestOptions) {
   EXPECT_FALSE(fs::exists(o.dir / "stale-file"));
 
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices(), /*preferred=*/false);
-  const auto started = Clock::now();
+  // Register succeeds although nothing serves the endpoint yet: the kubelet <= 1.24 dials asynchronously.
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource, "v1beta1", /*preferred_in_request=*/true).ok());
-  EXPECT_LT(Clock::now() - started, 1s);
-  plugin.Start();  // serving only after the reply: the kubelet <= 1.24 dials asynchronously
+  plugin.Start();
   ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 5000ms)) << sim.DescribeNode();
   EXPECT_EQ(plugin.options_calls.load(), 0);
   EXPECT_TRUE(State(sim).options.get_preferred_allocation_available());
