@@ -86,6 +86,10 @@ absl::StatusOr<std::unique_ptr<kube::NodeReporter>> ConnectReporter(const Parsed
   if (options.node_name.empty()) {
     if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) options.node_name = downward;
   }
+  if (options.kubeconfig.empty() && std::getenv("KUBERNETES_SERVICE_HOST") == nullptr) {
+    spdlog::info("run: not in a cluster and no --kubeconfig; no node condition or events");
+    return std::unique_ptr<kube::NodeReporter>();
+  }
   absl::StatusOr<std::unique_ptr<kube::NodeReporter>> reporter = kube::ConnectNodeReporter(options);
   if (reporter.ok()) {
     spdlog::info("run: reporting node {} to the Kubernetes API", options.node_name);

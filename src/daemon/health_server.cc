@@ -17,6 +17,9 @@ absl::Status HealthServer::Start(const std::string& host, int port) {
   const std::string address = absl::StrCat(host, ":", port);
   int bound_port = 0;
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second agent (or anything else) on the port would then share it
+  // silently and answer half the kubelet's probes.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
