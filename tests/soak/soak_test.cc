@@ -331,12 +331,15 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
       if (auto died = agent.Died()) FAIL() << "agent died (status " << *died << ") after " << fault << "; log " << log;
       expected = HealthyInSysfs(paths);
       observed = HealthyAtKubelet(node.kubelet(), &registered);
-      if (registered && observed == expected) break;
+      // A fresh agent process does not advertise GPUs it never saw on vfio: with none healthy it may have no
+      // resource to register at all, which the kubelet sees as nothing advertised.
+      if ((registered || expected.empty()) && observed == expected) break;
       if (Clock::now() - changed > kHardBound) break;
       std::this_thread::sleep_for(milliseconds(2));
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - changed).count();
-    if (!(registered && observed == expected)) {
+    const bool converged = (registered || expected.empty()) && observed == expected;
+    if (!converged) {
       const auto events = node.kubelet().Events();
       for (size_t e = events.size() > 20 ? events.size() - 20 : 0; e < events.size(); ++e) {
         fprintf(stderr, "kubelet event: %s %s %s\n", events[e].kind.c_str(), events[e].resource.c_str(),
@@ -345,7 +348,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
       std::ifstream agent_log(log);
       for (std::string line; std::getline(agent_log, line);) fprintf(stderr, "agent: %s\n", line.c_str());
     }
-    ASSERT_TRUE(registered && observed == expected)
+    ASSERT_TRUE(converged)
         << "after " << fault << " on " << gpu << " (action " << actions << "): kubelet healthy "
         << observed.size() << " (registered " << registered << "), sysfs healthy " << expected.size();
     worst_ms[fault] = std::max(worst_ms[fault], ms);
