@@ -140,10 +140,24 @@ TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
   auto node = (*api)->Node("node-a");
   ASSERT_TRUE(node.ok());
   EXPECT_THAT(node->dump(), HasSubstr("devices.bound"));
+  auto event_about = [&](const std::string& reason) {
+    return WaitUntil([&] {
+      auto events = (*api)->Events();
+      if (!events.ok()) return false;
+      for (const auto& event : *events) {
+        if (event.value("reason", "") == reason && event.value("note", "").find("0000:18:00.0") != std::string::npos) {
+          return true;
+        }
+      }
+      return false;
+    });
+  };
+  EXPECT_TRUE(event_about("DeviceLost"));
 
   ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 0").ok());
   EXPECT_TRUE(run_->WaitReady());
   EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
+  EXPECT_TRUE(event_about("DeviceRecovered"));
 }
 
 // In steady state `run` sends the API nothing: the condition only when it changes, labels only while it
