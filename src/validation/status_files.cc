@@ -1,6 +1,7 @@
 // The GPU Operator's validation status files, which its sandbox device plugin's init container (and kata's)
 // wait for: workload-type, then vfio-pci-ready.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
