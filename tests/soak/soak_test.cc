@@ -40,6 +40,10 @@ constexpr milliseconds kTargetBound{100};  // the issue's bound; counted, not as
 constexpr milliseconds kHardBound{10000};  // a convergence that never comes within this fails the soak
 constexpr int kWarmupActions = 30;         // per agent process, before its fds/threads/RSS are sampled
 constexpr int64_t kRssSlackKb = 1024;
+// gRPC sizes its timer and event-engine pools itself: the first time a rarer path runs (a dial-back after a kubelet
+// restart) it may add one thread for good. Seen in 10-minute runs: 11 -> 12 in a process, never more; a leak keeps
+// rising.
+constexpr int kThreadSlack = 1;
 
 int EnvInt(const char* name, int fallback) {
   const char* value = std::getenv(name);
@@ -235,7 +239,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     worst_growth.rss_kb = std::max(worst_growth.rss_kb, last.rss_kb - first.rss_kb);
     EXPECT_LE(last.fds, first.fds) << "open fds: floor rose over " << samples.size() << " samples: "
                                    << FdTargets(process.pid());
-    EXPECT_LE(last.threads, first.threads) << "threads: floor rose over " << samples.size() << " samples: "
+    EXPECT_LE(last.threads, first.threads + kThreadSlack) << "threads: floor rose over " << samples.size() << " samples: "
                                            << ThreadNames(process.pid());
     EXPECT_LE(last.rss_kb, first.rss_kb + kRssSlackKb) << "RSS: floor rose by more than 1 MB";
   };
