@@ -1,10 +1,14 @@
 #!/bin/bash
 # e2e-qemu.sh - prove vfio-gpu-agent on a real kernel: boot Debian's kernel under QEMU (TCG, q35, emulated Intel
-# VT-d) with virtio-net, edu and bridge topologies, run the agent inside (scripts/e2e/guest-test.sh), and judge by
-# sysfs and by opening VFIO groups/devices (tests/e2e/vfio-check.c).
+# VT-d) with virtio-net, edu and bridge topologies, run the agent inside (scripts/e2e/guest-test.sh): bind, unbind
+# and validate, then `run` under the kubelet simulator with readiness read through its gRPC health port. Judged by
+# sysfs, by opening VFIO groups/devices (tests/e2e/vfio-check.c) and by grpc.health.v1 (tests/e2e/health_probe.cc).
 #
-# Usage: e2e-qemu.sh [AGENT_BINARY]          (or AGENT=... e2e-qemu.sh)
-# Env:   E2E_SKIP_BIND=1          self-check: skip the agent's bind step; the run must then FAIL
+# Usage: e2e-qemu.sh AGENT [KUBELET_SIM [HEALTH_PROBE]]   (or AGENT=... KUBELET_SIM=... HEALTH_PROBE=...)
+#        KUBELET_SIM and HEALTH_PROBE default to tests/sim/kubelet_sim/kubelet-sim and tests/e2e/health-probe of
+#        the build tree the agent binary (<build>/src/cli/vfio-gpu-agent) belongs to.
+# Env:   E2E_SKIP_BIND=1          self-check: skip the agent's bind step (and `run`, which would bind); the run
+#                                 must then FAIL
 #        E2E_AGENT_LOADS_VFIO=1   do not preload vfio-pci in the guest: the agent must load it (libkmod)
 #        E2E_CACHE_DIR            kernel/initramfs cache (default $XDG_CACHE_HOME/vfio-gpu-agent-e2e,
 #                                 else /var/cache/vfio-gpu-agent-e2e)
@@ -16,6 +20,8 @@
 set -euo pipefail
 
 AGENT=${1:-${AGENT:-}}
+KUBELET_SIM=${2:-${KUBELET_SIM:-}}
+HEALTH_PROBE=${3:-${HEALTH_PROBE:-}}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SOURCE_ROOT=$(dirname "$HERE")
 CACHE=${E2E_CACHE_DIR:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/vfio-gpu-agent-e2e}}
@@ -33,9 +39,16 @@ elapsed() { local t=$((($(date +%s%N) - START) / 10000000)); printf '%d.%02d' $(
 say() { echo "e2e: [$(elapsed)s] $*"; }
 die() { echo "e2e: SETUP ERROR: $*" >&2; echo "e2e: RESULT: FAIL (setup)"; exit 2; }
 
-[ -n "$AGENT" ] || die "usage: $0 AGENT_BINARY (or AGENT=...)"
+[ -n "$AGENT" ] || die "usage: $0 AGENT [KUBELET_SIM [HEALTH_PROBE]] (or AGENT=...)"
 [ -x "$AGENT" ] || die "agent binary $AGENT is missing or not executable"
 AGENT=$(readlink -f "$AGENT")
+BUILD_TREE=$(dirname "$(dirname "$(dirname "$AGENT")")")
+KUBELET_SIM=${KUBELET_SIM:-$BUILD_TREE/tests/sim/kubelet_sim/kubelet-sim}
+HEALTH_PROBE=${HEALTH_PROBE:-$BUILD_TREE/tests/e2e/health-probe}
+[ -x "$KUBELET_SIM" ] || die "kubelet simulator $KUBELET_SIM is missing (build target kubelet-sim)"
+[ -x "$HEALTH_PROBE" ] || die "health probe $HEALTH_PROBE is missing (build target health-probe)"
+KUBELET_SIM=$(readlink -f "$KUBELET_SIM")
+HEALTH_PROBE=$(readlink -f "$HEALTH_PROBE")
 
 ensure_packages() {
     local missing=() p installed
@@ -135,26 +148,36 @@ prepare_base() {
     rm -rf "$root"
 }
 
-# Per-run overlay appended to the base (the kernel unpacks concatenated archives in order): /init, /test/run and
-# the agent with its shared libraries and loader at their host paths.
+# install_binary SOURCE ROOT NAME [STRIP]: /bin/NAME in the overlay at ROOT, with its shared libraries and loader at
+# their host paths (each library once, whichever binary needs it first). STRIP (default --strip-debug, which keeps
+# the agent's symbols for backtraces) is what `strip` takes: every MiB is unpacked by the TCG guest at boot.
+install_binary() {
+    local source=$1 root=$2 name=$3 mode=${4:---strip-debug} lib
+    if head -c 4 "$source" | grep -q ELF; then
+        strip "$mode" -o "$root/bin/$name" "$source"
+    else
+        install -m 755 "$source" "$root/bin/$name"   # a script (harness development only)
+    fi
+    ldd "$source" > "$root/ldd.txt" 2>&1 || { rm -f "$root/ldd.txt"; return 0; }
+    for lib in $(grep -oE '/[^ ]+' "$root/ldd.txt"); do
+        [ -e "$root$lib" ] && continue
+        install -D -m 755 "$(readlink -f "$lib")" "$root$lib"
+        LIBS=$((LIBS + 1))
+    done
+    rm -f "$root/ldd.txt"
+}
+
+# Per-run overlay appended to the base (the kernel unpacks concatenated archives in order): /init, /test/run, the
+# agent, the kubelet simulator and the health probe.
 prepare_overlay() {
-    local root=$1 lib libs=0
+    local root=$1
     mkdir -p "$root/bin" "$root/test"
     install -m 755 "$HERE/e2e/guest-init.sh" "$root/init"
     install -m 755 "${E2E_GUEST_TEST:-$HERE/e2e/guest-test.sh}" "$root/test/run"
-    if head -c 4 "$AGENT" | grep -q ELF; then
-        strip --strip-debug -o "$root/bin/vfio-gpu-agent" "$AGENT"
-    else
-        install -m 755 "$AGENT" "$root/bin/vfio-gpu-agent"   # a script (harness development only)
-    fi
-    if ldd "$AGENT" > "$root/ldd.txt" 2>&1; then
-        for lib in $(grep -oE '/[^ ]+' "$root/ldd.txt"); do
-            install -D -m 755 "$(readlink -f "$lib")" "$root$lib"
-            libs=$((libs + 1))
-        done
-    fi
-    rm -f "$root/ldd.txt"
-    AGENT_LIBS=$libs
+    LIBS=0
+    install_binary "$AGENT" "$root" vfio-gpu-agent
+    install_binary "$KUBELET_SIM" "$root" kubelet-sim --strip-unneeded
+    install_binary "$HEALTH_PROBE" "$root" health-probe --strip-unneeded
 }
 
 run_qemu() {
@@ -203,7 +226,7 @@ trap 'rm -rf "$RUN"' EXIT
 prepare_overlay "$RUN/overlay"
 cpio_of "$RUN/overlay" > "$RUN/overlay.cpio"
 cat "$BASE" "$RUN/overlay.cpio" > "$RUN/initrd"
-say "kernel $(cat "$KDIR/kver") ($PKG); agent $AGENT ($AGENT_LIBS shared libs);" \
+say "kernel $(cat "$KDIR/kver") ($PKG); agent $AGENT, kubelet-sim, health-probe ($LIBS shared libs);" \
     "initramfs $(($(stat -c %s "$RUN/initrd") / 1024)) KiB (base $(($(stat -c %s "$BASE") / 1024)) KiB)"
 [ "$SKIP_BIND" = 1 ] && say "E2E_SKIP_BIND=1: self-check mode, this run is expected to FAIL"
 SETUP_S=$(elapsed)

@@ -15,6 +15,9 @@ for arg in $(cat /proc/cmdline); do
     esac
 done
 
+# Loopback up, as on any booted host: `run` serves its gRPC health port and metrics on 127.0.0.1.
+ip link set lo up || echo "e2e-guest: ip link set lo up FAILED"
+
 modules=/lib/modules/$(uname -r)
 load_modules() {
     while read -r module; do

@@ -1,7 +1,8 @@
 #!/bin/sh
 # /test/run of the e2e guest (busybox sh): drives vfio-gpu-agent against the real kernel and judges the result
-# only by what the kernel shows afterwards (driver links, /dev/vfio, VFIO ioctls via vfio-check), never by the
-# agent's own word. Expectations are derived from the IOMMU group composition seen in sysfs before each step.
+# only by what the kernel shows afterwards (driver links, /dev/vfio, VFIO ioctls via vfio-check) and, for `run`,
+# by what its gRPC health port answers (health-probe) with kubelet-sim as the kubelet, never by the agent's own
+# word. Expectations are derived from the IOMMU group composition seen in sysfs before each step.
 # Prints "CHECK PASS|FAIL: ..." per assertion and one "E2E RESULT:" line; exit status 1 when any check failed.
 #
 # Every fork costs tens of milliseconds under TCG, so sysfs is read with shell builtins only (read, cd -P,
@@ -238,6 +239,116 @@ scenario_open_group() {
     kill "$holder"; wait "$holder" 2> /dev/null
 }
 
+# `run` as the DaemonSet runs it, on the node's default kubelet paths, with kubelet-sim playing the kubelet.
+KUBELET_DIR=/var/lib/kubelet/device-plugins
+POD_RESOURCES_SOCKET=/var/lib/kubelet/pod-resources/kubelet.sock
+HEALTH_PORT=8081
+METRICS_PORT=9400
+WAIT_S=120   # generous bound on each condition below; under TCG each is met in seconds
+
+# probe [SERVICE]: PROBE = health-probe's exit status (0 SERVING, 1 NOT_SERVING, 2 no answer), its line in PROBED.
+probe() { health-probe "$HEALTH_PORT" "$@" > /tmp/probe.out 2>&1; PROBE=$?; read -r PROBED < /tmp/probe.out; }
+probe_is() { probe "$2"; [ "$PROBE" = "$1" ]; }
+probe_answers() { probe; [ "$PROBE" != 2 ]; }
+# wait_for COMMAND...: true once COMMAND is, polled every 0.2 s for at most WAIT_S seconds of guest uptime.
+wait_for() {
+    read -r up _ < /proc/uptime; end=$((${up%.*} + WAIT_S))
+    until "$@"; do
+        read -r up _ < /proc/uptime; [ "${up%.*}" -ge "$end" ] && return 1
+        usleep 200000
+    done
+}
+all_bound() { for b in $1; do bound "$b" || return 1; done; }
+# A child that exited is a zombie until `wait`: state Z in /proc/PID/stat (comm of our binaries has no spaces).
+exited() { [ ! -e "/proc/$1/stat" ] && return 0; read -r _ _ state _ < "/proc/$1/stat"; [ "$state" = Z ]; }
+plugin_sockets() {  # PLUGIN_SOCKETS: sockets in the kubelet directory besides the kubelet's own
+    PLUGIN_SOCKETS=""
+    for f in "$KUBELET_DIR"/*.sock; do
+        [ -S "$f" ] && [ "${f##*/}" != kubelet.sock ] && PLUGIN_SOCKETS="$PLUGIN_SOCKETS ${f##*/}"
+    done
+}
+metrics_ready() { wget -q -O /tmp/metrics.txt "http://127.0.0.1:$METRICS_PORT/metrics" 2> /dev/null &&
+                  grep -q '^vfio_gpu_agent_ready 1$' /tmp/metrics.txt; }
+print_log() { while IFS= read -r line; do echo "    $2$line"; done < "$1"; }
+# stop PID NAME: SIGTERM, then STOPPED = its exit status once it has exited ("hung" if not within WAIT_S).
+stop() {
+    kill -TERM "$1"
+    if wait_for exited "$1"; then wait "$1"; STOPPED=$?
+    else STOPPED=hung; kill -KILL "$1"; wait "$1"; fi
+}
+
+# `run` on the selection (every function must be bindable): first with no kubelet, so it binds but cannot
+# register and must say NOT_SERVING; then with kubelet-sim, until SERVING; then SIGTERM. Nothing is unbound.
+scenario_run() {
+    vendor=$1 classes=$2 label="[run --vendor $1 --classes $2]"
+    section "run $label: kubelet-sim as the kubelet, readiness through the health port"
+    selected "$vendor" "$classes"; sel=$SEL
+    blocked_list=""
+    for b in $sel; do fn "$b"; blocked "$GRP" "$vendor" && blocked_list="$blocked_list $b"; done
+    check "$label the topology provides functions to select, none blocked (blocked:${blocked_list:- none})" \
+        [ -n "$sel" -a -z "$blocked_list" ]
+    snapshot; before=$SNAP
+    mkdir -p "$KUBELET_DIR" "${POD_RESOURCES_SOCKET%/*}"
+
+    set -- run --vendor "$vendor" --classes "$classes" --listen-address 127.0.0.1 --health-port "$HEALTH_PORT" \
+        --metrics-port "$METRICS_PORT" --pod-resources-socket "$POD_RESOURCES_SOCKET" --kubelet-dir "$KUBELET_DIR"
+    echo "\$ vfio-gpu-agent $* &    (no kubelet yet)"
+    "$AGENT" "$@" > /tmp/run.out 2> /tmp/run.err &
+    run_pid=$!
+    check "$label the health port answers (within ${WAIT_S}s)" wait_for probe_answers
+    echo "    $PROBED"
+    check "$label binds the selection with no kubelet: every selected function on vfio-pci (within ${WAIT_S}s)" \
+        wait_for all_bound "$sel"
+    probe
+    check "$label readiness NOT_SERVING while bound but unregistered (health-probe exit $PROBE: $PROBED)" [ "$PROBE" = 1 ]
+    probe liveness
+    check "$label liveness SERVING (health-probe exit $PROBE: $PROBED)" [ "$PROBE" = 0 ]
+
+    echo "\$ kubelet-sim --dir $KUBELET_DIR --pod-resources-socket $POD_RESOURCES_SOCKET --serve-forever &"
+    kubelet-sim --dir "$KUBELET_DIR" --pod-resources-socket "$POD_RESOURCES_SOCKET" --serve-forever \
+        > /tmp/kubelet-sim.out 2>&1 &
+    sim_pid=$!
+    read -r t0 _ < /proc/uptime
+    wait_for probe_is 0
+    read -r t1 _ < /proc/uptime
+    seen="health-probe exit $PROBE: $PROBED; kubelet-sim started at ${t0}s, SERVING seen at ${t1}s"
+    check "$label readiness SERVING once registered and allocatable at the kubelet ($seen)" [ "$PROBE" = 0 ]
+    check "$label metrics: vfio_gpu_agent_ready 1 on :$METRICS_PORT/metrics" metrics_ready
+    # The kubelet's side, read by the validator through pod-resources, as an operator would check it.
+    run_agent validate --layers plugin,kubelet --vendor "$vendor" --classes "$classes"
+    check "$label validate --layers plugin,kubelet passes against kubelet-sim (exit $RC)" [ "$RC" = 0 ]
+    # A VM (QEMU under virt-launcher) opens the group while the agent serves: `run` must not hold it.
+    first=${sel# }; first=${first%% *}
+    check "$label $first usable through VFIO while run serves" vfio_usable "$first"
+
+    echo "\$ kill -TERM $run_pid    (run)"
+    stop "$run_pid"
+    check "$label run exits 0 on SIGTERM (exit $STOPPED)" [ "$STOPPED" = 0 ]
+    probe
+    check "$label the health port is closed after exit (health-probe exit $PROBE)" [ "$PROBE" = 2 ]
+    plugin_sockets
+    check "$label its plugin sockets are removed from $KUBELET_DIR (left:${PLUGIN_SOCKETS:- none})" [ -z "$PLUGIN_SOCKETS" ]
+    for b in $sel; do
+        bound "$b"
+        check "$label $b stays on vfio-pci after run exited (is: $DRV) and /dev/vfio/$GRP exists" bound "$b"
+        check "$label $b usable through VFIO (group viable, SET_IOMMU, GET_DEVICE_FD)" vfio_usable "$b"
+    done
+    snapshot; after=$SNAP
+    changed=""
+    for d in "$SYS"/*; do
+        b=${d##*/}
+        case " $sel " in *" $b "*) continue ;; esac
+        lookup "$b" "$before"; was=$WAS; lookup "$b" "$after"
+        [ "$was" = "$WAS" ] || changed="$changed $b:$was->$WAS"
+    done
+    check "$label no function outside the selection changed driver$changed" [ -z "$changed" ]
+    echo "  run's log:"
+    print_log /tmp/run.err "! "
+    stop "$sim_pid"
+    echo "  kubelet-sim exit $STOPPED:"
+    print_log /tmp/kubelet-sim.out "| "
+}
+
 section "inventory at boot"
 inventory
 snapshot; boot=$SNAP
@@ -267,6 +378,14 @@ scenario_unbind 1af4 02 0000:00:02.0 0000:00:05.0
 # 3. edu again with the bridge group's virtio-net back on virtio-pci: that group is blocked, the other is bound.
 scenario_bind 1234 00ff short
 scenario_unbind 1234 00ff
+# 4. `run`, the daemon, from the boot drivers: it unbinds the virtio-nets from virtio-pci itself. Skipped with
+# E2E_SKIP_BIND=1: it would bind, and the self-check is about the bind proof failing without a bind.
+if [ "${E2E_SKIP_BIND:-0}" = 1 ]; then
+    echo; echo "E2E_SKIP_BIND=1: run scenario skipped (run binds)"
+else
+    scenario_run 1af4 02
+    scenario_unbind 1af4 02
+fi
 
 section "final state"
 inventory
