@@ -130,9 +130,9 @@ void CheckResource(const NodeView& node, const plugin::ResourceDevices& resource
   out->push_back(MakeCheck(
       "plugin.socket", Layer::kPlugin, name, Result::kPass,
       absl::StrCat(socket.filename().string(), " answers GetDevicePluginOptions"),
-      {{options_source, absl::StrFormat("pre_start_required=%v get_preferred_allocation_available=%v",
-                                        answer.options.pre_start_required(),
-                                        answer.options.get_preferred_allocation_available())}}));
+      {{options_source, absl::StrFormat("pre_start_required=%s get_preferred_allocation_available=%s",
+                                        answer.options.pre_start_required() ? "true" : "false",
+                                        answer.options.get_preferred_allocation_available() ? "true" : "false")}}));
 
   const std::string list_source = absl::StrCat("ListAndWatch ", socket.filename().string());
   if (!answer.list_status.ok()) {

@@ -51,7 +51,10 @@ TEST_F(ClusterPluginTest, ServedNodePassesEveryPluginCheck) {
   ASSERT_NE(devices, nullptr);
   EXPECT_THAT(testing::EvidenceText(*devices),
               HasSubstr("ListAndWatch kubevirt-GH100_H200_SXM_141GB.sock = healthy 8 devices: 0000:18:00.0,"));
-  ASSERT_NE(FindCheck(checks, "plugin.socket", kH200), nullptr);
+  const Check* socket = FindCheck(checks, "plugin.socket", kH200);
+  ASSERT_NE(socket, nullptr);
+  EXPECT_THAT(testing::EvidenceText(*socket),
+              HasSubstr("pre_start_required=false get_preferred_allocation_available=true"));
   ASSERT_NE(FindCheck(checks, "plugin.duplicate_provider", "node"), nullptr);
 }
 

@@ -282,9 +282,9 @@ absl::StatusOr<std::shared_ptr<PluginClient>> KubeletSim::Impl::Connect(
     }
   }
   Record("options", client->resource,
-         absl::StrFormat("pre_start_required=%v get_preferred_allocation_available=%v%s",
-                         client->options.pre_start_required(),
-                         client->options.get_preferred_allocation_available(),
+         absl::StrFormat("pre_start_required=%s get_preferred_allocation_available=%s%s",
+                         client->options.pre_start_required() ? "true" : "false",
+                         client->options.get_preferred_allocation_available() ? "true" : "false",
                          options_.mode == Mode::kLegacy124 ? " (from RegisterRequest)" : ""));
   return client;
 }

@@ -299,6 +299,7 @@ TEST_F(KubeletSimTest, RegisterDialsBackAndConsumesListAndWatch) {
   EXPECT_LE(reg->at, options->at);
   EXPECT_LE(options->at, list->at);
   EXPECT_EQ(reg->detail, "version=v1beta1 endpoint=stub-a.sock");
+  EXPECT_TRUE(options->detail.starts_with("pre_start_required=false get_preferred_allocation_available=")) << options->detail;
 
   EXPECT_EQ(sim.DescribeNode(), "Capacity:\n  example.com/gpu:  4\nAllocatable:\n  example.com/gpu:  3\n");
 
