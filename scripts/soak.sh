@@ -8,10 +8,6 @@ minutes=${1:-1}
 seed=${2:-${VA_SOAK_SEED:-1}}
 build=${BUILD_DIR:-build/release}
 modprobe fuse 2>/dev/null || true
-if [ -x /work/bin/vbuild ] && [ "$build" = build/release ]; then
-  /work/bin/vbuild soak_test vfio-gpu-agent >/dev/null
-else
-  cmake --build "$build" --target soak_test vfio-gpu-agent >/dev/null
-fi
+cmake --build "$build" --target soak_test vfio-gpu-agent >/dev/null
 seconds=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')
 VA_SOAK_SECONDS=$seconds VA_SOAK_SEED=$seed nice -n 10 "$build/tests/soak/soak_test" --gtest_brief=1

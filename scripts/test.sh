@@ -1,7 +1,8 @@
 #!/bin/bash
 # Sets up a fresh Debian 12 machine (root) and runs every test:
-#   1. release build: unit, simulator (FUSE), integration and the real-kernel QEMU test;
-#   2. Debug + ASan/UBSan build: every test but the QEMU one (the guest runs the release binary).
+#   1. release build: unit, simulator (FUSE), integration, deployment, image and the real-kernel QEMU tests;
+#   2. Debug + ASan/UBSan build: every test but the QEMU one (the guest runs the release binary);
+#   3. every libFuzzer target for 20 s (clang build in build/fuzz), and 60 s of the chaos soak.
 # Usage: scripts/test.sh            (CI calls exactly this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,12 +37,18 @@ run_ctest() {  # run_ctest DIR ARGS...: ctest with --output-on-failure, then the
   fi
 }
 
-echo "== release build: all tests"
-run_ctest build/release
+echo "== release build: all tests (the soak runs below, for a bounded time)"
+run_ctest build/release -LE soak
 
 echo "== ASan/UBSan build: all tests except the QEMU e2e"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  run_ctest build/asan -LE e2e
+  run_ctest build/asan -LE 'e2e|soak'
+
+echo "== fuzzing: every target for 20 s"
+scripts/fuzz.sh 20
+
+echo "== chaos soak: 60 s"
+scripts/soak.sh 1
 
 if [ "$skipped_total" -gt 0 ]; then
   echo "== tests passed in $(( $(date +%s) - start )) s, but $skipped_total were SKIPPED:"
