@@ -1,4 +1,3 @@
-#include <malloc.h>
 #include <pthread.h>
 
 #include <charconv>
@@ -133,10 +132,6 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
   // restarts, new connections) it held ~40 % of the RSS growth (bench_daemon BM_RssAfterChurn, 1600
   // rounds: +1584 kB with it, +924 kB without). A daemon does not run a debug check on every lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // glibc gives each concurrently allocating thread its own arena (up to 8 per core), and gRPC's short-lived
-  // threads spread the daemon's small heap over ~15 of them, each keeping its own free pages. No thread here
-  // is allocation-heavy; two arenas cut the churn growth further (1600 rounds: +924 kB -> +656 kB, medians).
-  mallopt(M_ARENA_MAX, 2);
   // Blocked before any thread starts (gRPC, binder workers, the API client), so every thread inherits the
   // mask and only sigwait below takes these signals.
   sigset_t stop_signals;
