@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
@@ -127,11 +126,6 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
     std::cerr << "vfio-gpu-agent run: " << options.status().message() << "\n";
     return kExitUsage;
   }
-  // Debian's abseil is built without NDEBUG, so every absl::Mutex::Lock (all of gRPC's locks) runs the
-  // deadlock detector, whose lock graph lives in never-returned LowLevelAlloc pages: under churn (kubelet
-  // restarts, new connections) it held ~40 % of the RSS growth (bench_daemon BM_RssAfterChurn, 1600
-  // rounds: +1584 kB with it, +924 kB without). A daemon does not run a debug check on every lock.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Blocked before any thread starts (gRPC, binder workers, the API client), so every thread inherits the
   // mask and only sigwait below takes these signals.
   sigset_t stop_signals;
