@@ -261,7 +261,9 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     } else if (fault == "kubelet_restart_late_sock") {
       // The other start order: sockets deleted first, kubelet.sock a while later.
       node.kubelet().Stop();
-      node.StartKubelet({.kubelet_sock_delay = milliseconds(std::uniform_int_distribution<int>(20, 300)(rng))});
+      ASSERT_TRUE(
+          node.StartKubelet({.kubelet_sock_delay = milliseconds(std::uniform_int_distribution<int>(20, 300)(rng))})
+              .ok());
     } else if (fault == "stream_cut") {
       injected = node.kubelet().CloseStream(kH200).ok();
     } else if (fault == "slow_unbind") {
