@@ -1,6 +1,5 @@
 #include "driver_loader.h"
 
-#include <dlfcn.h>
 #include <libkmod.h>
 
 #include <cstring>
@@ -12,6 +11,7 @@
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/binding/plan.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/common/runtime_library.h"
 
 namespace vfio_agent::binding {
 namespace {
@@ -43,26 +43,19 @@ struct Kmod {
 };
 
 absl::StatusOr<Kmod> OpenKmod() {
-  constexpr const char* kLibrary = "libkmod.so.2";
-  // Never closed: the library stays mapped for the rest of the process, as if it had been linked.
-  void* library = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", ::dlerror()));
+  absl::StatusOr<RuntimeLibrary> library = RuntimeLibrary::Open("libkmod.so.2");
+  if (!library.ok()) return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", library.status().message()));
   Kmod kmod{};
-  std::string missing;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library, name));
-    if (fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
-  };
-  resolve(kmod.new_context, "kmod_new");
-  resolve(kmod.unref, "kmod_unref");
-  resolve(kmod.lookup, "kmod_module_new_from_lookup");
-  resolve(kmod.list_next, "kmod_list_next");
-  resolve(kmod.get_module, "kmod_module_get_module");
-  resolve(kmod.probe_insert, "kmod_module_probe_insert_module");
-  resolve(kmod.module_unref, "kmod_module_unref");
-  resolve(kmod.unref_list, "kmod_module_unref_list");
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", kLibrary, " lacks ", missing));
+  library->Resolve(kmod.new_context, "kmod_new");
+  library->Resolve(kmod.unref, "kmod_unref");
+  library->Resolve(kmod.lookup, "kmod_module_new_from_lookup");
+  library->Resolve(kmod.list_next, "kmod_list_next");
+  library->Resolve(kmod.get_module, "kmod_module_get_module");
+  library->Resolve(kmod.probe_insert, "kmod_module_probe_insert_module");
+  library->Resolve(kmod.module_unref, "kmod_module_unref");
+  library->Resolve(kmod.unref_list, "kmod_module_unref_list");
+  if (absl::Status complete = library->Complete(); !complete.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot load modules: ", complete.message()));
   }
   return kmod;
 }

@@ -1,39 +1,28 @@
 #include "curl_library.h"
 
-#include <dlfcn.h>
-
-#include <string>
-#include <type_traits>
-
 #include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/common/runtime_library.h"
 
 namespace vfio_agent::kube {
 namespace {
 
 absl::StatusOr<CurlLibrary> OpenCurl() {
-  constexpr const char* kLibrary = "libcurl.so.4";
-  void* library = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot talk to the Kubernetes API: ", ::dlerror()));
-  }
+  constexpr char kWhy[] = "cannot talk to the Kubernetes API: ";
+  absl::StatusOr<RuntimeLibrary> library = RuntimeLibrary::Open("libcurl.so.4");
+  if (!library.ok()) return absl::FailedPreconditionError(absl::StrCat(kWhy, library.status().message()));
   CurlLibrary curl{};
-  std::string missing;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library, name));
-    if (fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
-  };
-  resolve(curl.easy_init, "curl_easy_init");
-  resolve(curl.easy_cleanup, "curl_easy_cleanup");
-  resolve(curl.easy_setopt, "curl_easy_setopt");
-  resolve(curl.easy_perform, "curl_easy_perform");
-  resolve(curl.easy_getinfo, "curl_easy_getinfo");
-  resolve(curl.easy_strerror, "curl_easy_strerror");
-  resolve(curl.slist_append, "curl_slist_append");
-  resolve(curl.slist_free_all, "curl_slist_free_all");
+  library->Resolve(curl.easy_init, "curl_easy_init");
+  library->Resolve(curl.easy_cleanup, "curl_easy_cleanup");
+  library->Resolve(curl.easy_setopt, "curl_easy_setopt");
+  library->Resolve(curl.easy_perform, "curl_easy_perform");
+  library->Resolve(curl.easy_getinfo, "curl_easy_getinfo");
+  library->Resolve(curl.easy_strerror, "curl_easy_strerror");
+  library->Resolve(curl.slist_append, "curl_slist_append");
+  library->Resolve(curl.slist_free_all, "curl_slist_free_all");
   decltype(&curl_global_init) global_init = nullptr;
-  resolve(global_init, "curl_global_init");
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot talk to the Kubernetes API: ", kLibrary, " lacks ", missing));
+  library->Resolve(global_init, "curl_global_init");
+  if (absl::Status complete = library->Complete(); !complete.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(kWhy, complete.message()));
   }
   // Not thread-safe itself; the static initialisation in Curl() runs it exactly once.
   if (CURLcode code = global_init(CURL_GLOBAL_DEFAULT); code != CURLE_OK) {
