@@ -56,13 +56,24 @@ std::string FailureKind(const binding::DeviceResult& result) {
 
 std::string DriverText(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
 
+class UdevUevents final : public UeventSource {
+ public:
+  absl::Status Open() { return monitor_.Open(); }
+  int fd() const override { return monitor_.fd(); }
+  bool Drain(std::vector<std::string>* bdfs) override { return monitor_.Drain(bdfs); }
+
+ private:
+  plugin::internal::UdevMonitor monitor_;
+};
+
 }  // namespace
 
 class Daemon::Impl final : public plugin::AgentObserver {
  public:
-  Impl(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter)
+  Impl(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter, std::unique_ptr<UeventSource> uevents)
       : options_(std::move(options)),
         reporter_(std::move(reporter)),
+        uevents_(std::move(uevents)),
         names_(options_.serve.pci_ids, options_.serve.domain, options_.serve.overrides),
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
@@ -118,12 +129,12 @@ class Daemon::Impl final : public plugin::AgentObserver {
 
   DaemonOptions options_;
   const std::unique_ptr<kube::NodeReporter> reporter_;
+  std::unique_ptr<UeventSource> uevents_;  // null: none
   const names::NameResolver names_;
   internal::Metrics metrics_;
   internal::HealthServer health_;
   std::unique_ptr<plugin::Agent> agent_;
   plugin::internal::DirWatcher dirs_;
-  plugin::internal::UdevMonitor udev_;
   plugin::internal::Wakeup wakeup_;
   std::thread loop_;
   std::atomic<bool> ready_{false};
@@ -167,9 +178,12 @@ absl::Status Daemon::Impl::Start() {
   }
   if (absl::Status status = dirs_.Open(); !status.ok()) return status;
   dirs_.Refresh(options_.serve.paths.kubelet_dir, options_.serve.paths.dev_root);
-  if (options_.serve.udev) {
-    if (absl::Status status = udev_.Open(); !status.ok()) {
+  if (!uevents_ && options_.serve.udev) {
+    auto udev = std::make_unique<UdevUevents>();
+    if (absl::Status status = udev->Open(); !status.ok()) {
       spdlog::warn("reconcile: no udev monitor ({}); relying on inotify and the periodic pass", status.ToString());
+    } else {
+      uevents_ = std::move(udev);
     }
   }
   if (absl::Status status = Pass(); !status.ok()) {
@@ -202,8 +216,9 @@ void Daemon::Impl::Loop() {
     for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
     const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
     const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, kMaxPollWait.count()));
-    pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {udev_.fd(), POLLIN, 0}};
-    ::poll(fds, udev_.fd() >= 0 ? 3 : 2, timeout_ms);
+    const int uevent_fd = uevents_ ? uevents_->fd() : -1;
+    pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {uevent_fd, POLLIN, 0}};
+    ::poll(fds, uevent_fd >= 0 ? 3 : 2, timeout_ms);
     Beat();
     if (stopping_) return;
     bool pass = Clock::now() >= next_pass_;
@@ -212,9 +227,9 @@ void Daemon::Impl::Loop() {
       pass = true;
     }
     if ((fds[1].revents & POLLIN) && dirs_.Drain().devices) pass = true;
-    if (udev_.fd() >= 0 && (fds[2].revents & POLLIN)) {
+    if (uevent_fd >= 0 && (fds[2].revents & POLLIN)) {
       std::vector<std::string> bdfs;
-      if (udev_.Drain(&bdfs)) pass = true;
+      if (uevents_->Drain(&bdfs)) pass = true;
       // A uevent for a device is news about it (a holder let go, a reset finished): retry it now.
       for (const std::string& bdf : bdfs) backoff_.erase(bdf);
     }
@@ -578,8 +593,9 @@ void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin:
   metrics_.SetDevices(counts);
 }
 
-Daemon::Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(reporter))) {}
+Daemon::Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter,
+               std::unique_ptr<UeventSource> uevents)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(reporter), std::move(uevents))) {}
 Daemon::~Daemon() = default;
 absl::Status Daemon::Start() { return impl_->Start(); }
 void Daemon::Stop() { impl_->Stop(); }

@@ -198,6 +198,63 @@ TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
   EXPECT_EQ((*api)->Log().size(), settled);
 }
 
+// A kubelet restart while `run` serves: the plugin registers again and the Node gets a KubeletRestarted
+// event; a second restart is a repeat of it, so it becomes that Event's series, not a new object.
+TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
+  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a"});
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  auto restart_events = [&] {
+    std::vector<nlohmann::json> found;
+    auto events = (*api)->Events();
+    if (events.ok()) {
+      for (const auto& event : *events) {
+        if (event.value("reason", "") == "KubeletRestarted") found.push_back(event);
+      }
+    }
+    return found;
+  };
+  ASSERT_TRUE(restart_events().empty());
+  auto restart_and_reregister = [&] {
+    if (!node_->kubelet().Restart().ok()) return false;
+    // The first Register after the restarted kubelet listened, and the devices back in its allocatable set.
+    return WaitUntil([&] {
+             return plugin::testing::RegisterDelay(node_->kubelet(), kH200) != std::chrono::milliseconds::max();
+           }) &&
+           node_->WaitForCounts(kH200, 8, 8);
+  };
+
+  ASSERT_TRUE(restart_and_reregister());
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_kubelet_restarts_total 1"));
+  ASSERT_TRUE(WaitUntil([&] { return restart_events().size() == 1; }));
+  const nlohmann::json first = restart_events().front();
+  EXPECT_EQ(first.value("type", ""), "Normal");
+  EXPECT_EQ(first.value("reportingController", ""), "vfio-gpu-agent");
+  EXPECT_EQ(first["regarding"].value("kind", ""), "Node");
+  EXPECT_EQ(first["regarding"].value("name", ""), "node-a");
+  EXPECT_FALSE(first.contains("series"));
+  const std::string name = first["metadata"].value("name", "");
+
+  ASSERT_TRUE(restart_and_reregister());
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_kubelet_restarts_total 2"));
+  EXPECT_TRUE(WaitUntil([&] {
+    const std::vector<nlohmann::json> events = restart_events();
+    return !events.empty() && events.front().contains("series") &&
+           events.front()["series"].value("count", 0) == 2;
+  }));
+  const std::vector<nlohmann::json> after = restart_events();
+  ASSERT_EQ(after.size(), 1u) << "a second KubeletRestarted object instead of a series";
+  EXPECT_EQ(after.front()["metadata"].value("name", ""), name);
+  EXPECT_EQ((*api)->Count("PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/" + name, "200"), 1u);
+  EXPECT_TRUE(run_->WaitReady());
+}
+
 TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {
   Boot();
   const auto kubeconfig = node_->kubelet_dir().parent_path() / "kubeconfig";

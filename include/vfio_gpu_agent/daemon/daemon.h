@@ -56,10 +56,22 @@ struct Readiness {
 std::vector<std::string> ForeignPluginSockets(const std::filesystem::path& kubelet_dir,
                                               const std::vector<std::string>& resource_names);
 
+// Kernel uevents about PCI devices, as one file descriptor for the loop's poll(2). A uevent is news about
+// that device (a holder let go, a reset finished), so it resets the device's backoff. In production this is
+// the libudev monitor; tests feed their own, since a simulated sysfs raises no uevents.
+class UeventSource {
+ public:
+  virtual ~UeventSource() = default;
+  virtual int fd() const = 0;  // readable while events wait
+  // True when at least one event arrived; the BDFs of the devices concerned are appended to `bdfs`.
+  virtual bool Drain(std::vector<std::string>* bdfs) = 0;
+};
+
 class Daemon {
  public:
-  // `reporter` may be null (no cluster API).
-  Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter);
+  // `reporter` may be null (no cluster API). `uevents` null: the libudev monitor when options.serve.udev.
+  Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter,
+         std::unique_ptr<UeventSource> uevents = nullptr);
   ~Daemon();  // Stop()
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
