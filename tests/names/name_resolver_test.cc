@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "support/sysfs_tree.h"
+#include "names_testdata.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 
 namespace vfio_agent::names {
@@ -18,8 +19,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
-const char kDebianPciIds[] = "/usr/share/misc/pci.ids";
 constexpr uint16_t kNvidia = 0x10de;
 
 // An in-memory pci.ids for inputs no real snapshot has (adversarial collisions, long names).
@@ -130,7 +129,7 @@ class CozystackNamesFromPciIdsTest : public ::testing::Test {
 // pci.ids as it spells Cozystack's 19 models today: NVIDIA's rule turns each text into the name Cozystack
 // lists, so the pinned table and the peer plugin agree on an up-to-date host.
 TEST_F(CozystackNamesFromPciIdsTest, TodaysSpellingsGiveCozystacksNames) {
-  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> today = LoadPciIds(kTestdata / "pci.ids.new");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> today = LoadPciIds(testdata::kDir / "pci.ids.new");
   ASSERT_TRUE(today.ok()) << today.status();
   std::vector<std::string> texts;
   for (const auto& e : kCozystack) {
@@ -178,7 +177,7 @@ TEST_F(CozystackNamesFromPciIdsTest, OddSpellingsGiveTheExpectedNames) {
 // H200 and L40S: by NVIDIA's rule those give other names, which is why the table is pinned. Pinned ids
 // resolve as Cozystack lists with that database, today's, the host's, or none.
 TEST_F(CozystackNamesFromPciIdsTest, OldSpellingsGiveOtherNamesSoTheTableIsPinned) {
-  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> old = LoadPciIds(kTestdata / "pci.ids.old");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> old = LoadPciIds(testdata::kDir / "pci.ids.old");
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_EQ((*old)->DeviceName(kNvidia, 0x2335), std::nullopt);
   const std::vector<std::string> drifted =
@@ -190,7 +189,7 @@ TEST_F(CozystackNamesFromPciIdsTest, OldSpellingsGiveOtherNamesSoTheTableIsPinne
   std::vector<std::unique_ptr<PciIdsDatabase>> databases;
   databases.push_back(*std::move(old));
   databases.push_back(nullptr);
-  for (const std::filesystem::path& path : {kTestdata / "pci.ids.new", std::filesystem::path(kDebianPciIds)}) {
+  for (const std::filesystem::path& path : {testdata::kDir / "pci.ids.new", testdata::kDebianPciIds}) {
     if (!std::filesystem::exists(path)) continue;  // the host's copy is optional here
     absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
     ASSERT_TRUE(db.ok()) << db.status();
@@ -209,7 +208,7 @@ TEST_F(CozystackNamesFromPciIdsTest, OldSpellingsGiveOtherNamesSoTheTableIsPinne
 class NewFixtureTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(kTestdata / "pci.ids.new");
+    absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(testdata::kDir / "pci.ids.new");
     ASSERT_TRUE(db.ok()) << db.status();
     db_ = *std::move(db);
   }

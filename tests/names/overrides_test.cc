@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "names_testdata.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 
 namespace vfio_agent::names {
@@ -13,7 +14,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
 
 TEST(ParseOverrideTest, ParsesVendorDeviceAndName) {
   absl::StatusOr<NameOverride> o = ParseOverride("10de:2335=GH100_H200_SXM_141GB");
@@ -49,7 +49,7 @@ TEST(ParseOverrideTest, RejectsMalformedText) {
 }
 
 TEST(LoadOverrideFileTest, ReadsLinesSkippingCommentsAndBlanks) {
-  absl::StatusOr<std::vector<NameOverride>> overrides = LoadOverrideFile(kTestdata / "overrides.txt");
+  absl::StatusOr<std::vector<NameOverride>> overrides = LoadOverrideFile(testdata::kDir / "overrides.txt");
   ASSERT_TRUE(overrides.ok()) << overrides.status();
   ASSERT_EQ(overrides->size(), 2u);
   EXPECT_EQ((*overrides)[0].device_id, 0x2335);
@@ -83,7 +83,7 @@ TEST(LoadOverrideFileTest, FifoAndDeviceAreRefusedWithoutBlocking) {
 }
 
 TEST(LoadOverrideFileTest, MissingFileIsNotFoundWithThePath) {
-  const std::filesystem::path path = kTestdata / "no-such-overrides.txt";
+  const std::filesystem::path path = testdata::kDir / "no-such-overrides.txt";
   absl::StatusOr<std::vector<NameOverride>> overrides = LoadOverrideFile(path);
   EXPECT_EQ(overrides.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(overrides.status().message(), HasSubstr(path.string()));

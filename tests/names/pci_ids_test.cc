@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "names_testdata.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 
 extern "C" {
@@ -21,8 +22,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 
-const std::filesystem::path kTestdata = VA_NAMES_TESTDATA;
-const std::filesystem::path kDebianPciIds = "/usr/share/misc/pci.ids";
 
 std::unique_ptr<PciIdsDatabase> MustLoad(const std::filesystem::path& path) {
   absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(path);
@@ -47,9 +46,9 @@ class TempDir : public ::testing::Test {
 };
 
 TEST(LoadPciIdsTest, LooksUpDeviceNamesUnderTheVendor) {
-  auto db = MustLoad(kTestdata / "pci.ids.new");
+  auto db = MustLoad(testdata::kDir / "pci.ids.new");
   ASSERT_NE(db, nullptr);
-  EXPECT_EQ(db->source(), (kTestdata / "pci.ids.new").string());
+  EXPECT_EQ(db->source(), (testdata::kDir / "pci.ids.new").string());
   EXPECT_THAT(db->DeviceName(0x10de, 0x2335), Optional(std::string("GH100 [H200 SXM 141GB]")));
   EXPECT_THAT(db->DeviceName(0x10de, 0x2342), Optional(std::string("GH100 [GH200 120GB / 480GB]")));
   EXPECT_THAT(db->DeviceName(0x1234, 0x2335), Optional(std::string("Other Vendor Accelerator With Id 2335")));
@@ -57,7 +56,7 @@ TEST(LoadPciIdsTest, LooksUpDeviceNamesUnderTheVendor) {
 }
 
 TEST(LoadPciIdsTest, NeverMatchesAnotherVendorOrASubsystemLine) {
-  auto db = MustLoad(kTestdata / "pci.ids.new");
+  auto db = MustLoad(testdata::kDir / "pci.ids.new");
   ASSERT_NE(db, nullptr);
   // 10de:233a appears only as a subsystem line under 10de:2236 and as an Intel device.
   EXPECT_EQ(db->DeviceName(0x10de, 0x233a), std::nullopt);
@@ -70,8 +69,8 @@ TEST(LoadPciIdsTest, NeverMatchesAnotherVendorOrASubsystemLine) {
 }
 
 TEST(LoadPciIdsTest, DebianSnapshotLacksH200AndKeepsIntelsId) {
-  if (!std::filesystem::exists(kDebianPciIds)) GTEST_SKIP() << kDebianPciIds << " not installed (package pci.ids)";
-  auto db = MustLoad(kDebianPciIds);
+  if (!std::filesystem::exists(testdata::kDebianPciIds)) GTEST_SKIP() << testdata::kDebianPciIds << " not installed (package pci.ids)";
+  auto db = MustLoad(testdata::kDebianPciIds);
   ASSERT_NE(db, nullptr);
   // Debian 12 (2023.04.10): 2335 exists only under Intel, 26b9 not at all, 2330 without the space.
   EXPECT_EQ(db->DeviceName(0x10de, 0x2335), std::nullopt);
@@ -84,15 +83,15 @@ TEST(LoadPciIdsTest, DebianSnapshotLacksH200AndKeepsIntelsId) {
 // LoadPciIds hands libpci a copy without subsystem lines; every device name must stay what libpci
 // reads from the untouched file.
 TEST(LoadPciIdsTest, SkippingSubsystemLinesKeepsEveryDeviceName) {
-  if (!std::filesystem::exists(kDebianPciIds)) GTEST_SKIP() << kDebianPciIds << " not installed (package pci.ids)";
-  auto db = MustLoad(kDebianPciIds);
+  if (!std::filesystem::exists(testdata::kDebianPciIds)) GTEST_SKIP() << testdata::kDebianPciIds << " not installed (package pci.ids)";
+  auto db = MustLoad(testdata::kDebianPciIds);
   ASSERT_NE(db, nullptr);
   pci_access* raw = pci_alloc();
   raw->id_lookup_mode = PCI_LOOKUP_NO_HWDB;
-  pci_set_name_list_path(raw, strdup(kDebianPciIds.c_str()), 1);
+  pci_set_name_list_path(raw, strdup(testdata::kDebianPciIds.c_str()), 1);
   ASSERT_EQ(pci_load_name_list(raw), 1);
 
-  std::ifstream in(kDebianPciIds);
+  std::ifstream in(testdata::kDebianPciIds);
   std::string line;
   int vendor = -1, devices = 0;
   while (std::getline(in, line)) {
@@ -159,7 +158,7 @@ TEST_F(LoadPciIdsErrorTest, EndlessDeviceAndFifoAreRefusedWithThePath) {
 }
 
 TEST_F(LoadPciIdsErrorTest, MalformedFileNamesPathAndLineInsteadOfExiting) {
-  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(kTestdata / "pci.ids.malformed");
+  absl::StatusOr<std::unique_ptr<PciIdsDatabase>> db = LoadPciIds(testdata::kDir / "pci.ids.malformed");
   EXPECT_EQ(db.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(db.status().message(), HasSubstr("pci.ids.malformed"));
   EXPECT_THAT(db.status().message(), HasSubstr("line 3"));
@@ -175,7 +174,7 @@ TEST_F(LoadPciIdsErrorTest, ErrorLineCountsTheSubsystemLinesSkippedForSpeed) {
 
 TEST_F(LoadPciIdsErrorTest, GzipFileIsReadByLibpci) {
   const std::filesystem::path gz = dir_ / "pci.ids.gz";
-  const std::string command = "gzip -c '" + (kTestdata / "pci.ids.new").string() + "' > '" + gz.string() + "'";
+  const std::string command = "gzip -c '" + (testdata::kDir / "pci.ids.new").string() + "' > '" + gz.string() + "'";
   if (std::system(command.c_str()) != 0) GTEST_SKIP() << "gzip not available";
   auto db = MustLoad(gz);
   ASSERT_NE(db, nullptr);
@@ -198,8 +197,8 @@ TEST_F(LoadPciIdsErrorTest, FileWithoutEntriesIsAnError) {
 }
 
 TEST_F(LoadPciIdsErrorTest, ALoadErrorLeavesLaterLoadsWorking) {
-  EXPECT_FALSE(LoadPciIds(kTestdata / "pci.ids.malformed").ok());
-  auto db = MustLoad(kTestdata / "pci.ids.old");
+  EXPECT_FALSE(LoadPciIds(testdata::kDir / "pci.ids.malformed").ok());
+  auto db = MustLoad(testdata::kDir / "pci.ids.old");
   ASSERT_NE(db, nullptr);
   EXPECT_THAT(db->DeviceName(0x10de, 0x2321), Optional(std::string("GH100")));
 }
@@ -218,7 +217,7 @@ TEST_F(LazyPciIdsTest, ReadsTheFileAtTheFirstLookupNotBefore) {
 }
 
 TEST_F(LazyPciIdsTest, ABrokenFileFindsNothingInsteadOfFailing) {
-  std::unique_ptr<PciIdsDatabase> db = LazyPciIds(kTestdata / "pci.ids.malformed");
+  std::unique_ptr<PciIdsDatabase> db = LazyPciIds(testdata::kDir / "pci.ids.malformed");
   EXPECT_EQ(db->DeviceName(0x10de, 0x2236), std::nullopt);
   EXPECT_EQ(db->source(), "");
   EXPECT_EQ(LazyPciIds(dir_ / "missing.ids")->DeviceName(0x10de, 0x2236), std::nullopt);

@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "resource_server.h"
+#include "test_devices.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -12,16 +13,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-PluginDevice Gpu(std::string id, int group, std::optional<int> numa = std::nullopt, std::vector<std::string> cdevs = {}) {
-  PluginDevice d;
-  d.id = std::move(id);
-  d.healthy = true;
-  d.iommu_group = group;
-  d.numa_node = numa;
-  d.group_functions = {d.id};
-  d.vfio_cdevs = std::move(cdevs);
-  return d;
-}
+using fixtures::Gpu;
 
 ResourceDevices H200() {
   ResourceDevices r;

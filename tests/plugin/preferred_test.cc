@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_devices.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 
 namespace vfio_agent::plugin {
@@ -11,14 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsSupersetOf;
 
-PluginDevice Gpu(std::string id, int group, std::optional<int> numa) {
-  PluginDevice d;
-  d.id = std::move(id);
-  d.healthy = true;
-  d.iommu_group = group;
-  d.numa_node = numa;
-  return d;
-}
+using fixtures::Gpu;
 
 // HGX-like: GPUs 0-3 on NUMA 0, 4-7 on NUMA 1, one group each.
 ResourceDevices Hgx() {
