@@ -2,11 +2,71 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/kube/kubevirt_reader.h"
 #include "vfio_gpu_agent/validation/validate.h"
 
 namespace vfio_agent::cli {
+namespace {
+
+using Unavailable = validation::KubevirtCrUnavailable;
+
+Unavailable::Reason ReasonOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound: return Unavailable::Reason::kNotInstalled;
+    case absl::StatusCode::kUnauthenticated: return Unavailable::Reason::kUnauthorized;
+    case absl::StatusCode::kPermissionDenied: return Unavailable::Reason::kForbidden;
+    default: return Unavailable::Reason::kUnavailable;
+  }
+}
+
+// Without --kubevirt-cr the KubeVirt layer reads the CR from the cluster `run` reports to (--kubeconfig, else
+// in-cluster), so `kubectl exec ... validate` in the agent's pod checks every layer. No cluster: nothing changes
+// (the layer says no CR was given). A --kubeconfig that cannot be loaded is a usage error, as for `run`; every
+// answer of the API server becomes the layer's result, never an error of the command.
+absl::Status ReadKubevirtFromCluster(const ParsedCommand& cmd, std::chrono::milliseconds timeout,
+                                     validation::ValidateOptions* options) {
+  kube::KubevirtReaderOptions reader_options;
+  reader_options.kubeconfig = cmd.flags.Get("kubeconfig");
+  auto reader = kube::ConnectKubevirtReader(reader_options);
+  if (!reader.ok()) {
+    if (!reader_options.kubeconfig.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubeconfig: ", reader.status().message()));
+    }
+    if (absl::IsNotFound(reader.status())) {
+      spdlog::debug("validate: no cluster ({}); the KubeVirt layer needs --kubevirt-cr",
+                    std::string(reader.status().message()));
+      return absl::OkStatus();
+    }
+    options->kubevirt_cr_unavailable = Unavailable{
+        .reason = Unavailable::Reason::kUnavailable,
+        .request = absl::StrCat("GET ", kube::kKubevirtsPath),
+        .detail = absl::StrCat("in-cluster configuration unusable: ", reader.status().message())};
+    return absl::OkStatus();
+  }
+  absl::StatusOr<kube::KubevirtList> list = (*reader)->List(timeout);
+  if (list.ok() && list->items > 0) {
+    spdlog::info("validate: {} KubeVirt CR(s) from {} (credentials: {})", list->items, (*reader)->Request(),
+                 (*reader)->ConfigSource());
+    options->kubevirt_cr = std::move(list->json);
+    return absl::OkStatus();
+  }
+  Unavailable why{.request = (*reader)->Request()};
+  if (list.ok()) {
+    why.reason = Unavailable::Reason::kNoCr;
+    why.detail = "KubeVirtList with no items";
+  } else {
+    why.reason = ReasonOf(list.status());
+    why.detail = std::string(list.status().message());
+  }
+  why.detail = absl::StrCat(why.detail, " (credentials: ", (*reader)->ConfigSource(), ")");
+  options->kubevirt_cr_unavailable = std::move(why);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::vector<FlagSpec> ValidateFlags() {
   return {
@@ -16,6 +76,11 @@ std::vector<FlagSpec> ValidateFlags() {
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
       {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, or all", "all"},
       {"rpc-timeout", "MS", "bound on each plugin and pod-resources exchange, in milliseconds", "2000"},
+      {"kubeconfig", "FILE",
+       "without --kubevirt-cr, read the KubeVirt CRs from this cluster (GET /apis/kubevirt.io/v1/kubevirts; needs "
+       "get/list kubevirts.kubevirt.io)",
+       "in-cluster service account, if any"},
+      {"api-timeout", "MS", "bound on that API request, connecting included, in milliseconds", "3000"},
   };
 }
 
@@ -26,6 +91,10 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "Checks every link of the GPU passthrough chain: platform (IOMMU, interrupt remapping, vfio), devices (driver,\n"
           "IOMMU group, BARs, power, reset, SR-IOV, NVSwitch, MMIO window), plugin sockets, the kubelet's view and the\n"
           "KubeVirt CR; names the evidence and the fix of each broken link. Read-only except --status-dir.\n"
+          "The KubeVirt CR: --kubevirt-cr FILE; else read from the API server (--kubeconfig, or in a pod the\n"
+          "service account, as `run`): a 404 (KubeVirt not installed), no CR, 401 or 403 (RBAC: get/list\n"
+          "kubevirts.kubevirt.io) fail the layer; an API server that does not answer within --api-timeout skips it;\n"
+          "no cluster at all skips it as without --kubevirt-cr.\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
@@ -52,6 +121,15 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
     auto text = fs::ReadTrimmed(cmd.flags.Get("kubevirt-cr"));
     if (!text.ok()) return usage(absl::StrCat("--kubevirt-cr: ", text.status().message()));
     options.kubevirt_cr = *std::move(text);
+  } else if (options.layers.contains(validation::Layer::kKubevirt)) {
+    const std::string api_timeout = cmd.flags.Get("api-timeout", "3000");
+    int api_ms = 0;
+    if (!absl::SimpleAtoi(api_timeout, &api_ms) || api_ms <= 0) {
+      return usage("--api-timeout must be a positive number of milliseconds");
+    }
+    if (absl::Status status = ReadKubevirtFromCluster(cmd, std::chrono::milliseconds(api_ms), &options); !status.ok()) {
+      return usage(status.message());
+    }
   }
   // Names come from pinned entries and overrides first; pci.ids is parsed only if a GPU needs it.
   auto db = LazyNameDatabase(cmd.common);

@@ -215,7 +215,7 @@ std::vector<Check> KubevirtChecks(const NodeView& node, const std::optional<std:
   if (!kubevirt_cr) {
     out.push_back(MakeCheck("kubevirt.permitted", Layer::kKubevirt, "node", Result::kSkip,
                             "not checked: no KubeVirt CR given (--kubevirt-cr FILE, e.g. from `kubectl get kubevirt "
-                            "-A -o yaml`)"));
+                            "-A -o yaml`) and no cluster to read it from (--kubeconfig, or in-cluster)"));
     return out;
   }
   absl::StatusOr<KubevirtCr> cr = ParseKubevirtCr(*kubevirt_cr);
@@ -232,6 +232,57 @@ std::vector<Check> KubevirtChecks(const NodeView& node, const std::optional<std:
   CheckDuplicateSelectors(*cr, &out);
   CheckNameMismatch(*cr, node_names, &out);
   return out;
+}
+
+// Failures, not skips, wherever the answer itself says the chain is broken: a node running this agent exists to
+// hand its GPUs to KubeVirt VMs, so "KubeVirt is not installed", "there is no KubeVirt CR" and "the agent's
+// account may not read it" all mean no VM gets a GPU here yet, or nobody can tell; exit 0 would say the node is
+// ready. An operator checking a node before KubeVirt is installed leaves the layer out (--layers), as the fix
+// says. Only an API server that did not answer is a skip: that says nothing about KubeVirt.
+std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why) {
+  using Reason = KubevirtCrUnavailable::Reason;
+  constexpr char kRule[] =
+      "ClusterRole rule {apiGroups: [\"kubevirt.io\"], resources: [\"kubevirts\"], verbs: [\"get\", \"list\"]}";
+  constexpr char kWithoutLayer[] = "to check the node without KubeVirt: --layers platform,devices,plugin,kubelet";
+  std::vector<Evidence> evidence = {{why.request, why.detail}};
+  auto check = [&](Result result, std::string message, std::string fix) {
+    return std::vector<Check>{MakeCheck("kubevirt.permitted", Layer::kKubevirt, "node", result, std::move(message),
+                                        std::move(evidence), std::move(fix))};
+  };
+  switch (why.reason) {
+    case Reason::kNotInstalled:
+      return check(Result::kFail,
+                   "KubeVirt is not installed: the API server does not serve kubevirt.io/v1 kubevirts (404), so no VM "
+                   "can be given this node's GPUs",
+                   absl::StrCat("Install KubeVirt (Cozystack: the kubevirt-operator and kubevirt packages; plain "
+                                "KubeVirt: its operator and CR from the release), or ", kWithoutLayer, "."));
+    case Reason::kNoCr:
+      return check(Result::kFail,
+                   "no KubeVirt CR in the cluster: kubevirt.io/v1 is served but no KubeVirt object exists, so "
+                   "virt-operator deploys nothing and no permittedHostDevices apply",
+                   absl::StrCat("Create the KubeVirt CR (Cozystack: the kubevirt package renders it; plain KubeVirt: "
+                                "kubevirt-cr.yaml of the release) with the entries of `vfio-gpu-agent kubevirt-config`, "
+                                "or ", kWithoutLayer, "."));
+    case Reason::kUnauthorized:
+      return check(Result::kFail,
+                   "the API server did not accept the credentials (401), so the KubeVirt CR could not be read",
+                   absl::StrCat("In the pod: the service account token is missing or expired (automountServiceAccountToken, "
+                                "the ServiceAccount vfio-gpu-agent); with --kubeconfig: its user's credentials. The "
+                                "account needs get/list kubevirts.kubevirt.io: ", kRule,
+                                ". Or pass --kubevirt-cr FILE (`kubectl get kubevirt -A -o yaml`)."));
+    case Reason::kForbidden:
+      return check(Result::kFail,
+                   "the agent's account lacks get/list kubevirts.kubevirt.io (403), so the KubeVirt CR could not be "
+                   "read",
+                   absl::StrCat("Add to the agent's ClusterRole (daemonset/base/agent/rbac.yaml ships it) the ", kRule,
+                                ", bound to the ServiceAccount the pod runs as; or pass --kubevirt-cr FILE "
+                                "(`kubectl get kubevirt -A -o yaml`)."));
+    case Reason::kUnavailable:
+      break;
+  }
+  return check(Result::kSkip, absl::StrCat("not checked: the KubeVirt CR could not be read from the API server (", why.detail,
+                                           ")"),
+               "");
 }
 
 }  // namespace vfio_agent::validation

@@ -136,7 +136,10 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   run(Layer::kDevices, [&] { return DeviceChecks(node); });
   run(Layer::kPlugin, [&] { return PluginChecks(node, options.rpc_wait); });
   run(Layer::kKubelet, [&] { return KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait); });
-  run(Layer::kKubevirt, [&] { return KubevirtChecks(node, options.kubevirt_cr, names); });
+  run(Layer::kKubevirt, [&] {
+    return options.kubevirt_cr_unavailable ? KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable)
+                                           : KubevirtChecks(node, options.kubevirt_cr, names);
+  });
 
   rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
   if (options.status_dir) {

@@ -75,4 +75,20 @@ std::vector<Check> KubeletChecks(const NodeView& node, const std::filesystem::pa
 std::vector<Check> KubevirtChecks(const NodeView& node, const std::optional<std::string>& kubevirt_cr,
                                   const names::NameResolver& names);
 
+// KubeVirt, when `validate` asked the API server for the CR and got none: what it got instead. Reading the
+// cluster is the CLI's part (src/kube); this only turns the outcome into the layer's checks.
+struct KubevirtCrUnavailable {
+  enum class Reason {
+    kNotInstalled,  // 404: kubevirt.io/v1 is not served
+    kNoCr,          // the list is empty: the CRD is there, no KubeVirt CR
+    kUnauthorized,  // 401: the credentials were not accepted
+    kForbidden,     // 403: RBAC denies get/list kubevirts.kubevirt.io
+    kUnavailable,   // unreachable, timed out, 5xx, any other answer
+  };
+  Reason reason = Reason::kUnavailable;
+  std::string request;  // "GET https://10.96.0.1:443/apis/kubevirt.io/v1/kubevirts"
+  std::string detail;   // what the server (or the transport) said, and where the credentials came from
+};
+std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why);
+
 }  // namespace vfio_agent::validation

@@ -27,6 +27,7 @@ struct ValidateOptions {
   std::set<Layer> layers = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet, Layer::kKubevirt};
   std::optional<std::filesystem::path> status_dir;  // write the status files there (needs both host layers)
   std::optional<std::string> kubevirt_cr;            // text of a KubeVirt CR
+  std::optional<KubevirtCrUnavailable> kubevirt_cr_unavailable;  // the API gave no CR (wins over kubevirt_cr)
   std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
 };
 

@@ -18,7 +18,11 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   hang METHOD PREFIX COUNT        hold matching requests until `release` (or 60 s), then close
   release                         let held requests go (their connections are closed)
   clear-faults
-  kubevirts JSON_LIST_ITEMS       the KubeVirt CRs (a JSON list of objects); `no-kubevirt`: CRD not installed
+  kubevirts JSON_LIST_ITEMS       the KubeVirt CRs (a JSON list of objects, [] for none); until then, and after
+                                  `no-kubevirt`, the CRD is not installed (404, as kube-apiserver without KubeVirt)
+  deny VERB RESOURCE.GROUP        RBAC: 403 for that verb on that resource (list kubevirts.kubevirt.io); checked
+                                  after the token and before the resource exists, as kube-apiserver authorizes
+  allow VERB RESOURCE.GROUP       undo a deny
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
 """
 import argparse
@@ -38,6 +42,8 @@ TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 NOTE_LIMIT = 1024
+# Who every accepted token belongs to, for RBAC messages: the DaemonSet's ServiceAccount.
+SERVICE_ACCOUNT_USER = "system:serviceaccount:vfio-gpu-agent:vfio-gpu-agent"
 
 
 class ApiError(Exception):
@@ -96,7 +102,8 @@ class State:
         self.nodes = {}
         self.events = {}  # (namespace, name) -> event
         self.kubevirts = []
-        self.kubevirt_installed = True
+        self.kubevirt_installed = False
+        self.denied = set()  # (verb, "resource.group")
         self.faults = []
         self.released = threading.Event()
         self.rv = 100
@@ -273,11 +280,19 @@ def make_handler(state):
                     and parts[5] == "events":
                 return self.event(method, parts[4], parts[6] if len(parts) == 7 else None, content_type, body)
             if parts == ["apis", "kubevirt.io", "v1", "kubevirts"] and method == "GET":
+                self.authorize("list", "kubevirts", "kubevirt.io")
                 if not state.kubevirt_installed:
                     raise ApiError(404, "NotFound", "the server could not find the requested resource")
                 return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
                              "items": state.kubevirts}
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+        @staticmethod
+        def authorize(verb, resource, group):
+            if (verb, f"{resource}.{group}") in state.denied:
+                raise ApiError(403, "Forbidden",
+                               f'{resource}.{group} is forbidden: User "{SERVICE_ACCOUNT_USER}" cannot {verb} resource '
+                               f'"{resource}" in API group "{group}" at the cluster scope')
 
         def node(self, method, name, status, content_type, body):
             node = state.nodes.get(name)
@@ -389,6 +404,8 @@ def control(state, line):
             state.kubevirt_installed = True
         elif command == "no-kubevirt":
             state.kubevirt_installed = False
+        elif command in ("deny", "allow") and len(args) == 2 and "." in args[1]:
+            (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
         else:
             return f"ERR unknown or malformed command: {line}"
     return "OK"
