@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "device_reader.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/common/worker_pool.h"
 
 namespace vfio_agent::pci {
 namespace {
@@ -63,7 +64,8 @@ bool AnyIommuGroup(const std::filesystem::path& sysfs_root, std::vector<ScanErro
   return any;
 }
 
-// Reads every device on a few threads (syscalls, six to fifteen a device, dominate a scan). The calling
+// Reads every device on a few threads (syscalls, six to fifteen a device, dominate a scan): the calling
+// thread and reused pool workers, not threads started per scan (the daemon rescans every period). The calling
 // thread first runs `side_task`, so the driver directories are listed while the helpers read devices.
 std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem::path& devices_dir,
                                           const std::vector<std::string>& bdfs, const ScanOptions& options,
@@ -80,11 +82,11 @@ std::vector<internal::DeviceRead> ReadAll(int devices_fd, const std::filesystem:
   };
   const size_t wanted = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), kMaxThreads,
                                           bdfs.size() / kDevicesPerThread + 1});
-  std::vector<std::jthread> helpers;
-  for (size_t t = 1; t < wanted; ++t) helpers.emplace_back(work);
-  side_task();
-  work();
-  helpers.clear();  // join before `reads` is moved out
+  // RunAlongside returns once every helper is done, before `reads` is moved out.
+  ProcessWorkerPool().RunAlongside(wanted - 1, work, [&] {
+    side_task();
+    work();
+  });
   return reads;
 }
 
