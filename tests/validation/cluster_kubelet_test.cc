@@ -16,10 +16,10 @@ using testing::ClusterNode;
 using testing::FindCheck;
 using testing::kH200;
 using testing::kH200Gpus;
+using testing::kWait;
 using testing::ScriptedPlugin;
 using namespace std::chrono_literals;
 
-constexpr auto kWait = 5000ms;
 
 class ClusterKubeletTest : public ::testing::Test {
  protected:

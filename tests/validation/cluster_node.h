@@ -3,6 +3,7 @@
 // other plugins a node can carry (the GPU Operator's, KubeVirt's own).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,8 @@ namespace vfio_agent::validation::testing {
 using namespace std::chrono_literals;
 
 inline constexpr char kH200[] = "nvidia.com/GH100_H200_SXM_141GB";
+// A wait the agent, its plugin and the kubelet are expected to meet: generous, so a loaded machine meets it too.
+inline constexpr std::chrono::milliseconds kWait{5000};
 inline const std::vector<std::string> kH200Gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0", "0000:5d:00.0",
                                                    "0000:9a:00.0", "0000:ab:00.0", "0000:bb:00.0", "0000:db:00.0"};
 

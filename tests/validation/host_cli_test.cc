@@ -41,7 +41,7 @@ std::string Roots(const HostPaths& paths) {
 }
 
 TEST(HostCliTest, HealthyNodeExitsZeroAndWritesTheStatusFiles) {
-  auto node = HostNode::Start("hgx-h200-8gpu.json");
+  auto node = HostNode::Start(kH200Node);
   ASSERT_TRUE(node.ok()) << node.status();
   ASSERT_TRUE((*node)->BindNvidia(true).ok());
   vfio_agent::testing::TempDir status;
@@ -56,7 +56,7 @@ TEST(HostCliTest, HealthyNodeExitsZeroAndWritesTheStatusFiles) {
 }
 
 TEST(HostCliTest, BrokenNodeExitsOneWithEvidenceAndFixAndRemovesTheReadyFile) {
-  auto node = HostNode::Start("hgx-h200-8gpu.json", [](Json& n) { n["platform"]["interrupt_remapping"] = false; });
+  auto node = HostNode::Start(kH200Node, [](Json& n) { n["platform"]["interrupt_remapping"] = false; });
   ASSERT_TRUE(node.ok()) << node.status();
   ASSERT_TRUE((*node)->BindNvidia(true).ok());
   vfio_agent::testing::TempDir status;
@@ -84,7 +84,7 @@ TEST(HostCliTest, KubevirtCrThatIsNotARegularFileIsAUsageError) {
 }
 
 TEST(HostCliTest, JsonFollowsTheSchema) {
-  auto node = HostNode::Start("hgx-h200-8gpu.json", [](Json& n) { n["platform"]["phys_bits"] = 40; });
+  auto node = HostNode::Start(kH200Node, [](Json& n) { n["platform"]["phys_bits"] = 40; });
   ASSERT_TRUE(node.ok()) << node.status();
   ASSERT_TRUE((*node)->BindNvidia(true).ok());
   const AgentRun run = Agent(absl::StrCat(Roots((*node)->paths), " --nvswitches --layers platform,devices --json"));

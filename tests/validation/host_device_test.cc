@@ -19,15 +19,7 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
-constexpr char kH200[] = "hgx-h200-8gpu.json";
 constexpr char kGpu[] = "0000:18:00.0";  // group 11
-
-std::unique_ptr<HostNode> BoundH200(const std::function<void(Json&)>& patch = {}) {
-  auto node = HostNode::Start(kH200, patch);
-  if (!node.ok()) throw std::runtime_error(node.status().ToString());
-  if (auto status = (*node)->BindNvidia(/*nvswitches=*/true); !status.ok()) throw std::runtime_error(status.ToString());
-  return *std::move(node);
-}
 
 TEST(HostDeviceTest, GpuOnItsHostDriverFailsDeviceDriverOnly) {
   auto node = BoundH200();
@@ -188,7 +180,7 @@ TEST(HostDeviceTest, MdevParentFailsOneModePerNode) {
 }
 
 TEST(HostDeviceTest, NvSwitchesLeftOnTheHostWithoutFabricManagerWarn) {
-  auto node = HostNode::Start(kH200);
+  auto node = HostNode::Start(kH200Node);
   ASSERT_TRUE(node.ok()) << node.status();
   ASSERT_TRUE((*node)->BindNvidia(/*nvswitches=*/false).ok());
   rpt::ValidateReport report = (*node)->Validate();

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,10 +102,22 @@ inline const rpt::Check* FindCheck(const rpt::ValidateReport& report, const std:
   return nullptr;
 }
 
+// The simulated HGX node with eight H200 GPUs (tests/sim/sysfs_sim/nodes).
+inline constexpr char kH200Node[] = "hgx-h200-8gpu.json";
+
 inline const std::vector<std::string>& H200Gpus() {
   static const std::vector<std::string> gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0", "0000:5d:00.0",
                                                 "0000:9a:00.0", "0000:ab:00.0", "0000:bb:00.0", "0000:db:00.0"};
   return gpus;
+}
+
+// The H200 node with every GPU and NVSwitch bound to vfio, as the agent leaves it. Throws: a test that
+// cannot start its node stops there (gtest reports the exception), rather than checking a half-built one.
+inline std::unique_ptr<HostNode> BoundH200(const std::function<void(Json&)>& patch = {}) {
+  auto node = HostNode::Start(kH200Node, patch);
+  if (!node.ok()) throw std::runtime_error(node.status().ToString());
+  if (auto status = (*node)->BindNvidia(/*nvswitches=*/true); !status.ok()) throw std::runtime_error(status.ToString());
+  return *std::move(node);
 }
 
 }  // namespace vfio_agent::validation::testing

@@ -13,15 +13,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
 
-constexpr char kH200[] = "hgx-h200-8gpu.json";
-
-std::unique_ptr<HostNode> BoundH200(const std::function<void(Json&)>& patch = {}) {
-  auto node = HostNode::Start(kH200, patch);
-  if (!node.ok()) throw std::runtime_error(node.status().ToString());
-  if (auto status = (*node)->BindNvidia(/*nvswitches=*/true); !status.ok()) throw std::runtime_error(status.ToString());
-  return *std::move(node);
-}
-
 TEST(HostPlatformTest, HealthyBoundH200NodePassesEveryHostCheck) {
   auto node = BoundH200();
   const rpt::ValidateReport report = node->Validate(/*nvswitches=*/true);
@@ -140,7 +131,7 @@ TEST(HostPlatformTest, KernelLockdownIsNoted) {
 }
 
 TEST(HostPlatformTest, HostDriverOwningAGpuWarnsAndFailsThatDevice) {
-  auto node = HostNode::Start(kH200, [](Json& n) {
+  auto node = HostNode::Start(kH200Node, [](Json& n) {
     n["drivers"].push_back("nouveau");
     n["platform"]["modules"] = Json::array({"nvidiafb"});
     Device(n, "0000:18:00.0")["driver"] = "nouveau";
