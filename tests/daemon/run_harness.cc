@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -73,8 +74,6 @@ absl::StatusOr<std::unique_ptr<RunProcess>> RunProcess::Start(plugin::testing::N
                                    "--pod-resources-socket",
                                    PodResourcesSocket(node).string(),
                                    "--no-udev",
-                                   "--rescan-interval",
-                                   "200",
                                    "--listen-address",
                                    "127.0.0.1",
                                    "--health-port",
@@ -83,6 +82,10 @@ absl::StatusOr<std::unique_ptr<RunProcess>> RunProcess::Start(plugin::testing::N
                                    std::to_string(run->metrics_port_),
                                    "--log-level",
                                    "info"};
+  // A short plugin rescan for the tests' churn, unless the caller sets its own (the CLI takes it once).
+  if (std::find(extra_args.begin(), extra_args.end(), "--rescan-interval") == extra_args.end()) {
+    args.insert(args.end(), {"--rescan-interval", "200"});
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());

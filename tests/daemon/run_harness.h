@@ -29,7 +29,8 @@ bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds time
 class RunProcess {
  public:
   // Starts the agent binary with `run` on `node` (whose kubelet must run with pod_resources_socket set to
-  // PodResourcesSocket(node)). stderr goes to <dir>/run.log.
+  // PodResourcesSocket(node)), with --no-udev and --rescan-interval 200 unless `extra_args` sets its own.
+  // stderr goes to <dir>/run.log.
   static absl::StatusOr<std::unique_ptr<RunProcess>> Start(plugin::testing::Node& node,
                                                            const std::vector<std::string>& extra_args = {},
                                                            const std::vector<std::string>& extra_env = {});

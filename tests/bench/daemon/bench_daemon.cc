@@ -1,14 +1,17 @@
 // `run` on the simulated 8x H200 node: process start -> ready (gRPC health SERVING, all 8 GPUs bound from
 // nvidia, registered and allocatable); the cost of one reconcile pass with every GPU already bound; RSS of
-// the process after churn (GPUs knocked off vfio and re-bound, kubelet restarts) against its RSS at ready.
+// the process after churn (GPUs knocked off vfio and re-bound, kubelet restarts) against its RSS at ready;
+// the API requests it sends in steady state.
 #include <signal.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "benchmark/benchmark.h"
+#include "kube_api_sim.h"
 #include "run_harness.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 
@@ -149,6 +152,98 @@ void BM_KnockedOffToReadvertised(benchmark::State& state) {
   (*run)->SignalAndWait(SIGTERM);
 }
 BENCHMARK(BM_KnockedOffToReadvertised)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
+
+// The reconcile loop's pass stamp (vfio_gpu_agent_last_reconcile_timestamp_seconds): it changes with every pass.
+std::string PassStamp(const RunProcess& run) {
+  const std::string metrics = run.Metrics();
+  const size_t at = metrics.find("\nvfio_gpu_agent_last_reconcile_timestamp_seconds ");
+  return at == std::string::npos ? std::string() : metrics.substr(at, metrics.find('\n', at + 1) - at);
+}
+
+// API requests of `run` in steady state (target 0), production defaults (resync 10 s, plugin rescan 60 s; udev
+// off: the simulated node raises none) against the fake API server. Counted: requests from start to ready,
+// from ready until the start's condition and events have gone out (the condition patched, then no request
+// for 3 s, three times the rate limiter's 1 s between writes), and over the steady window (the iteration
+// time), with the loop's passes in it. A request in the window is counted and printed, never dropped.
+void BM_ApiRequestsSteadyState(benchmark::State& state) {
+  const std::chrono::seconds window(state.range(0));
+  double to_ready = 0, to_settled = 0, in_window = 0, passes = 0;
+  for (auto _ : state) {
+    // A fresh node and API server each iteration, so every start writes its condition and events anew.
+    std::unique_ptr<Node> node = FreshNode();
+    if (!node) {
+      state.SkipWithError("simulated node");
+      return;
+    }
+    auto api = sim::KubeApiSim::Start(node->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
+    if (!api.ok()) {
+      state.SkipWithError("fake API server (python3)");
+      return;
+    }
+    auto kubeconfig = (*api)->WriteKubeconfig(node->kubelet_dir().parent_path() / "kubeconfig");
+    if (!kubeconfig.ok()) {
+      state.SkipWithError("kubeconfig");
+      return;
+    }
+    auto run = RunProcess::Start(*node, {"--kubeconfig", kubeconfig->string(), "--node-name", "node-a",
+                                         "--resync-interval", "10000", "--rescan-interval", "60000"});
+    if (!run.ok() || !(*run)->WaitReady()) {
+      state.SkipWithError("run did not become ready");
+      return;
+    }
+    const size_t at_ready = (*api)->Log().size();
+    if (!WaitUntil([&] { return (*api)->Count("PATCH", "/api/v1/nodes/node-a/status", "200") >= 1; })) {
+      state.SkipWithError("node condition never patched");
+      return;
+    }
+    size_t seen = (*api)->Log().size();
+    Clock::time_point quiet_since = Clock::now();
+    const bool settled = WaitUntil(
+        [&] {
+          const size_t now = (*api)->Log().size();
+          if (now != seen) {
+            seen = now;
+            quiet_since = Clock::now();
+          }
+          return Clock::now() - quiet_since >= std::chrono::seconds(3);
+        },
+        std::chrono::seconds(120));
+    if (!settled) {
+      state.SkipWithError("API requests did not settle after ready");
+      return;
+    }
+    const size_t at_settled = seen;
+    const Clock::time_point start = Clock::now();
+    std::string stamp = PassStamp(**run);
+    int window_passes = 0;
+    while (Clock::now() - start < window) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const std::string now = PassStamp(**run);
+      if (!now.empty() && now != stamp) ++window_passes;
+      stamp = now;
+    }
+    const std::chrono::duration<double> elapsed = Clock::now() - start;
+    const std::vector<sim::KubeApiRequest> log = (*api)->Log();
+    for (size_t i = 0; i < log.size(); ++i) {
+      const char* phase = i < at_ready ? "start" : i < at_settled ? "settling" : "STEADY STATE";
+      std::cerr << "API request (" << phase << "): " << log[i].method << " " << log[i].path << " -> "
+                << log[i].status << "\n";
+    }
+    state.SetIterationTime(elapsed.count());
+    to_ready += static_cast<double>(at_ready);
+    to_settled += static_cast<double>(at_settled - at_ready);
+    in_window += static_cast<double>(log.size() - at_settled);
+    passes += window_passes;
+    (*run)->SignalAndWait(SIGTERM);
+  }
+  const double iterations = static_cast<double>(state.iterations());
+  state.counters["requests_start_to_ready"] = to_ready / iterations;
+  state.counters["requests_ready_to_settled"] = to_settled / iterations;
+  state.counters["requests_in_window"] = in_window / iterations;
+  state.counters["requests_per_hour"] = in_window / iterations * 3600.0 / static_cast<double>(window.count());
+  state.counters["passes_in_window"] = passes / iterations;
+}
+BENCHMARK(BM_ApiRequestsSteadyState)->Arg(60)->UseManualTime()->Iterations(1)->Unit(benchmark::kSecond);
 
 // Churn: each round knocks one GPU off vfio (the loop re-binds it) and every tenth restarts the kubelet;
 // memory is read once the node is ready again. One process runs all the rounds and is sampled at 100, 400
