@@ -21,25 +21,41 @@ fi
 mkdir -p "$build/artifacts"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failed=0
-for bin in "$build"/tests/fuzz/fuzz_*; do
-  [ -x "$bin" ] || continue
+# One target per core at a time: each still runs its full SECONDS, the whole takes SECONDS x targets / cores.
+jobs=${FUZZ_PARALLEL:-$(nproc)}
+fuzz_one() {  # fuzz_one BINARY: runs it, then prints its closing line; exit status 1 on a crash, leak or timeout
+  local bin=$1 name log rc=0 closing
   name=$(basename "$bin")
-  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
   mkdir -p "$work/$name"
   log="$work/$name.log"
-  rc=0
   "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
     -artifact_prefix="$build/artifacts/$name-" "$work/$name" "tests/fuzz/corpus/$name" >"$log" 2>&1 || rc=$?
   # libFuzzer's last line: "Done N runs in S second(s)" on success, the sanitizer's summary otherwise.
   closing=$(grep -E "^Done [0-9]+ runs|SUMMARY:|^==[0-9]+== ?ERROR|Test unit written" "$log" | tail -1 || true)
   [ -n "$closing" ] || closing=$(tail -1 "$log")
   if [ "$rc" -ne 0 ]; then
-    failed=1
-    echo "$name: FAILED (exit $rc): $closing"
-    grep -E "ERROR|SUMMARY|Test unit written|#[0-9]+ 0x" "$log" | head -20 | sed 's/^/    /'
-  else
-    echo "$name: $closing (corpus $(ls "$work/$name" | wc -l) new inputs)"
+    { echo "$name: FAILED (exit $rc): $closing"
+      grep -E "ERROR|SUMMARY|Test unit written|#[0-9]+ 0x" "$log" | head -20 | sed 's/^/    /'; } >"$log.result"
+    return
   fi
+  echo "$name: $closing (corpus $(ls "$work/$name" | wc -l) new inputs)" >"$log.result"
+}
+targets=()
+for bin in "$build"/tests/fuzz/fuzz_*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+  targets+=("$bin")
+done
+for bin in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  fuzz_one "$bin" &
+done
+wait || true
+failed=0
+for bin in "${targets[@]}"; do
+  result="$work/$(basename "$bin").log.result"
+  if [ -f "$result" ]; then cat "$result"; else echo "$(basename "$bin"): FAILED (no result)"; failed=1; fi
+  grep -q ": FAILED" "$result" 2>/dev/null && failed=1
 done
 exit $failed
