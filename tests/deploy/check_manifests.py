@@ -26,7 +26,8 @@ OVERLAYS = {
     "overlays/cdi": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True},
 }
 
-# (apiGroup, resource, verb): what `run` does through the API, nothing else (issue 9).
+# (apiGroup, resource, verb): what `run` does through the API, and the KubeVirt CR `validate` lists in the pod
+# (`kubectl exec ... validate`; its 403 fix names this rule), nothing else (issue 9).
 RBAC_NEEDED = {
     ("", "nodes", "get"),
     ("", "nodes/status", "patch"),
