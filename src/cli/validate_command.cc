@@ -77,8 +77,7 @@ std::vector<FlagSpec> ValidateFlags() {
       {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, or all", "all"},
       {"rpc-timeout", "MS", "bound on each plugin and pod-resources exchange, in milliseconds", "2000"},
       {"kubeconfig", "FILE",
-       "without --kubevirt-cr, read the KubeVirt CRs from this cluster (GET /apis/kubevirt.io/v1/kubevirts; needs "
-       "get/list kubevirts.kubevirt.io)",
+       "without --kubevirt-cr: read the KubeVirt CRs from this cluster (needs get/list kubevirts.kubevirt.io)",
        "in-cluster service account, if any"},
       {"api-timeout", "MS", "bound on that API request, connecting included, in milliseconds", "3000"},
   };
