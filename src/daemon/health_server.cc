@@ -8,6 +8,10 @@ namespace vfio_agent::daemon::internal {
 
 using grpc::health::v1::HealthCheckResponse;
 
+namespace {
+constexpr int kPollerTimeoutMs = 24 * 3600 * 1000;
+}  // namespace
+
 HealthServer::HealthServer(std::function<bool()> ready, std::function<bool()> live)
     : ready_(std::move(ready)), live_(std::move(live)) {}
 
@@ -20,6 +24,8 @@ absl::Status HealthServer::Start(const std::string& host, int port) {
   // gRPC sets SO_REUSEPORT by default: a second agent (or anything else) on the port would then share it
   // silently and answer half the kubelet's probes.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Without calls the sync pollers wake only at this timeout (default 10 s); Shutdown wakes them at once.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, kPollerTimeoutMs);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
@@ -36,20 +42,16 @@ void HealthServer::Shutdown() {
   server_.reset();
 }
 
-grpc::ServerUnaryReactor* HealthServer::Check(grpc::CallbackServerContext* context,
-                                              const grpc::health::v1::HealthCheckRequest* request,
-                                              HealthCheckResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status HealthServer::Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+                                 HealthCheckResponse* response) {
   if (request->service().empty()) {
     response->set_status(ready_() ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
   } else if (request->service() == kLivenessService) {
     response->set_status(live_() ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
   } else {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service"));
-    return reactor;
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service");
   }
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 }  // namespace vfio_agent::daemon::internal

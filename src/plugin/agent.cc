@@ -43,10 +43,18 @@ constexpr milliseconds kRegisterDeadline{15000};    // the kubelet may take 10 s
 constexpr milliseconds kMaxPollWait{1000};          // stat poll while an inotify watch is missing
 constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
 
+// gRPC's async client API on the call's own queue, waited on by a thread that lives as long as the call:
+// the callback API would keep gRPC's shared polling threads waking every second.
 struct RegisterCall {
+  ~RegisterCall() {
+    if (waiter.joinable()) waiter.join();
+  }
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1beta1::Registration::Stub> stub;
+  grpc::CompletionQueue queue;
   grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1beta1::Empty>> reader;
+  std::thread waiter;
   v1beta1::RegisterRequest request;
   v1beta1::Empty response;
   grpc::Status status;
@@ -486,13 +494,21 @@ void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
     std::lock_guard lock(queue_mu_);
     calls_in_flight_.insert(raw);
   }
-  raw->stub->async()->Register(&raw->context, &raw->request, &raw->response, [this, raw](grpc::Status status) {
+  raw->reader = raw->stub->AsyncRegister(&raw->context, raw->request, &raw->queue);
+  raw->reader->Finish(&raw->response, &raw->status, nullptr);
+  raw->waiter = std::thread([this, raw] {
+    void* tag = nullptr;
+    bool ok = false;
+    raw->queue.Next(&tag, &ok);  // the answer, or the deadline's or TryCancel's status
+    raw->queue.Shutdown();
+    while (raw->queue.Next(&tag, &ok)) {
+    }
     std::shared_ptr<RegisterCall> call(raw);
-    call->status = std::move(status);
     {
       std::lock_guard lock(queue_mu_);
       calls_in_flight_.erase(raw);
-      // Handed to the loop (or to Stop, which drops it): the channel is never destroyed in its own callback.
+      // Handed to the loop (or to Stop, which drops it): the call, whose destructor joins this thread, never
+      // ends on it.
       queue_.push_back([this, call = std::move(call)] { RegisterDone(*call); });
       calls_cv_.notify_all();
     }

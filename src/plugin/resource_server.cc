@@ -94,11 +94,84 @@ v1beta1::ContainerAllocateResponse ToProto(const ContainerAllocation& allocation
   return response;
 }
 
-// One ListAndWatch stream. At most one write in flight; while it is, newer device lists replace each
-// other (coalescing), and a list byte-identical to the last one sent is dropped.
-class DeviceStream final : public grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse> {
+// What a tag given to cq_ stands for: the handler of that one operation's completion.
+class CqEvent {
  public:
-  DeviceStream(ResourceServer* owner, std::shared_ptr<const ListPayload> first) : owner_(owner) { Push(std::move(first)); }
+  explicit CqEvent(std::function<void(bool ok)> on_done) : on_done_(std::move(on_done)) {}
+  void Done(bool ok) { on_done_(ok); }
+
+ private:
+  const std::function<void(bool ok)> on_done_;
+};
+
+namespace {
+void DrainQueue(grpc::CompletionQueue& cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) static_cast<CqEvent*>(tag)->Done(ok);
+}
+}  // namespace
+
+// One unary method: waits for a call, answers it with the owner's handler, deletes itself. A new one waits
+// as soon as a call arrives.
+template <typename Request, typename Response>
+class UnaryCall final {
+ public:
+  using RequestMethod = void (v1beta1::DevicePlugin::AsyncService::*)(
+      grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*, grpc::CompletionQueue*,
+      grpc::ServerCompletionQueue*, void*);
+  using Handler = grpc::Status (ResourceServer::*)(const Request&, Response*);
+
+  // The caller has admitted this call object (ResourceServer::Admit).
+  static void Await(ResourceServer* owner, RequestMethod request, Handler handler) {
+    auto* call = new UnaryCall(owner, request, handler);
+    (owner->service_.*request)(&call->context_, &call->request_, &call->responder_, owner->cq_.get(),
+                               owner->cq_.get(), &call->started_);
+  }
+
+ private:
+  UnaryCall(ResourceServer* owner, RequestMethod request, Handler handler)
+      : owner_(owner), request_method_(request), handler_(handler) {}
+
+  void OnStarted(bool ok) {
+    if (!ok) return Destroy();  // shutting down
+    if (owner_->Admit()) Await(owner_, request_method_, handler_);
+    Response response;
+    const grpc::Status status = (owner_->*handler_)(request_, &response);
+    if (status.ok()) {
+      responder_.Finish(response, status, &finished_);
+    } else {
+      responder_.FinishWithError(status, &finished_);
+    }
+  }
+
+  void Destroy() {
+    ResourceServer* owner = owner_;
+    delete this;
+    owner->Retire();
+  }
+
+  ResourceServer* const owner_;
+  const RequestMethod request_method_;
+  const Handler handler_;
+  grpc::ServerContext context_;
+  Request request_;
+  grpc::ServerAsyncResponseWriter<Response> responder_{&context_};
+  CqEvent started_{[this](bool ok) { OnStarted(ok); }};
+  CqEvent finished_{[this](bool) { Destroy(); }};
+};
+
+// One ListAndWatch stream. At most one write in flight; while it is, newer device lists replace each
+// other (coalescing), and a list byte-identical to the last one sent is dropped. Deleted once gRPC has
+// reported the call done and none of its operations is still pending.
+class DeviceStream final {
+ public:
+  // The caller has admitted this call object.
+  explicit DeviceStream(ResourceServer* owner) : owner_(owner) {
+    context_.AsyncNotifyWhenDone(&done_);  // delivered only if a call arrives
+    owner_->service_.RequestListAndWatch(&context_, &request_, &writer_, owner_->cq_.get(), owner_->cq_.get(),
+                                         &started_);
+  }
 
   void Push(std::shared_ptr<const ListPayload> payload) {
     std::unique_lock lock(mu_);
@@ -116,7 +189,18 @@ class DeviceStream final : public grpc::ServerWriteReactor<v1beta1::ListAndWatch
     Advance(lock);
   }
 
-  void OnWriteDone(bool ok) override {
+ private:
+  void OnStarted(bool ok) {
+    if (!ok) {  // shutting down; the done event never comes for a call that never arrived
+      ResourceServer* owner = owner_;
+      delete this;
+      owner->Retire();
+      return;
+    }
+    owner_->StreamStarted(this, context_.peer());
+  }
+
+  void OnWriteDone(bool ok) {
     std::unique_lock lock(mu_);
     writing_ = false;
     in_flight_.reset();
@@ -125,46 +209,69 @@ class DeviceStream final : public grpc::ServerWriteReactor<v1beta1::ListAndWatch
       pending_.reset();
     }
     Advance(lock);
+    MaybeDestroy(lock);
   }
 
-  void OnCancel() override {
+  void OnFinishDone() {
     std::unique_lock lock(mu_);
-    cancelled_ = true;
-    finishing_ = true;
-    pending_.reset();
+    finish_done_ = true;
+    MaybeDestroy(lock);
+  }
+
+  void OnDone() {
+    std::unique_lock lock(mu_);
+    call_done_ = true;
+    if (context_.IsCancelled()) {
+      cancelled_ = true;
+      finishing_ = true;
+      pending_.reset();
+    }
     Advance(lock);
+    MaybeDestroy(lock);
   }
 
-  void OnDone() override {
-    owner_->StreamDone(this);
-    delete this;
-  }
-
- private:
   // Starts the next write or the finish; the gRPC call happens after the lock is released.
   void Advance(std::unique_lock<std::mutex>& lock) {
-    if (writing_ || finished_) return;
+    if (writing_ || finish_started_) return;
     if (pending_ && last_sent_ && pending_->bytes == last_sent_->bytes) pending_.reset();
     if (pending_) {
       writing_ = true;
       in_flight_ = last_sent_ = std::move(pending_);
       const v1beta1::ListAndWatchResponse* message = &in_flight_->message;
       lock.unlock();
-      StartWrite(message);
+      writer_.Write(*message, &wrote_);
+      lock.lock();
       return;
     }
-    if (finishing_) {
-      finished_ = true;
-      const bool cancelled = cancelled_;
+    if (finishing_ && !cancelled_) {  // a cancelled call needs no status
+      finish_started_ = true;
       lock.unlock();
-      Finish(cancelled ? grpc::Status::CANCELLED : grpc::Status::OK);
+      writer_.Finish(grpc::Status::OK, &finished_);
+      lock.lock();
     }
   }
 
+  void MaybeDestroy(std::unique_lock<std::mutex>& lock) {
+    if (!call_done_ || writing_ || (finish_started_ && !finish_done_)) return;
+    lock.unlock();
+    ResourceServer* owner = owner_;
+    owner->StreamDone(this);
+    delete this;
+    owner->Retire();
+  }
+
   ResourceServer* const owner_;
+  grpc::ServerContext context_;
+  v1beta1::Empty request_;
+  grpc::ServerAsyncWriter<v1beta1::ListAndWatchResponse> writer_{&context_};
+  CqEvent started_{[this](bool ok) { OnStarted(ok); }};
+  CqEvent wrote_{[this](bool ok) { OnWriteDone(ok); }};
+  CqEvent finished_{[this](bool) { OnFinishDone(); }};
+  CqEvent done_{[this](bool) { OnDone(); }};
   std::mutex mu_;
   std::shared_ptr<const ListPayload> pending_, in_flight_, last_sent_;
-  bool writing_ = false, finishing_ = false, finished_ = false, cancelled_ = false;
+  bool writing_ = false, finishing_ = false, finish_started_ = false, finish_done_ = false;
+  bool call_done_ = false, cancelled_ = false;
 };
 
 ResourceServer::ResourceServer(std::string resource_name, std::filesystem::path socket, bool cdi,
@@ -187,11 +294,56 @@ absl::Status ResourceServer::Start(const ResourceDevices& devices, bool iommufd)
   Update(devices, iommufd);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket_.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(this);
+  builder.RegisterService(&service_);
+  cq_ = builder.AddCompletionQueue();
   server_ = builder.BuildAndStart();
-  if (!server_) return absl::UnavailableError(absl::StrCat("cannot serve on ", socket_.string()));
+  if (!server_) {
+    cq_->Shutdown();
+    DrainQueue(*cq_);
+    cq_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot serve on ", socket_.string()));
+  }
   socket_id_ = StatFileId(socket_);
+  AwaitAll();
+  cq_thread_ = std::thread([this] { DrainQueue(*cq_); });
   return absl::OkStatus();
+}
+
+void ResourceServer::AwaitAll() {
+  std::lock_guard lock(mu_);
+  AwaitStreamLocked();
+  AdmitLocked();
+  UnaryCall<v1beta1::Empty, v1beta1::DevicePluginOptions>::Await(
+      this, &v1beta1::DevicePlugin::AsyncService::RequestGetDevicePluginOptions, &ResourceServer::GetDevicePluginOptions);
+  AdmitLocked();
+  UnaryCall<v1beta1::PreferredAllocationRequest, v1beta1::PreferredAllocationResponse>::Await(
+      this, &v1beta1::DevicePlugin::AsyncService::RequestGetPreferredAllocation,
+      &ResourceServer::GetPreferredAllocation);
+  AdmitLocked();
+  UnaryCall<v1beta1::AllocateRequest, v1beta1::AllocateResponse>::Await(
+      this, &v1beta1::DevicePlugin::AsyncService::RequestAllocate, &ResourceServer::Allocate);
+  AdmitLocked();
+  UnaryCall<v1beta1::PreStartContainerRequest, v1beta1::PreStartContainerResponse>::Await(
+      this, &v1beta1::DevicePlugin::AsyncService::RequestPreStartContainer, &ResourceServer::PreStartContainer);
+}
+
+void ResourceServer::AwaitStreamLocked() {
+  AdmitLocked();
+  new DeviceStream(this);
+}
+
+bool ResourceServer::Admit() {
+  std::lock_guard lock(mu_);
+  if (shutting_down_) return false;
+  AdmitLocked();
+  return true;
+}
+
+void ResourceServer::AdmitLocked() { ++call_objects_; }
+
+void ResourceServer::Retire() {
+  std::lock_guard lock(mu_);
+  if (--call_objects_ == 0) call_objects_cv_.notify_all();
 }
 
 std::shared_ptr<const ResourceServer::State> ResourceServer::state() const {
@@ -216,6 +368,19 @@ int ResourceServer::live_streams() const {
   return static_cast<int>(streams_.size());
 }
 
+void ResourceServer::StreamStarted(DeviceStream* stream, const std::string& peer) {
+  std::lock_guard lock(mu_);
+  if (shutting_down_) {
+    stream->End(false);
+  } else {
+    AwaitStreamLocked();
+    streams_.insert(stream);
+    stream->Push(payload_);
+  }
+  spdlog::info("{}: ListAndWatch stream opened by {} ({} devices)", resource_name_, peer,
+               payload_->message.devices_size());
+}
+
 void ResourceServer::StreamDone(DeviceStream* stream) {
   bool notify = false;
   {
@@ -236,41 +401,30 @@ void ResourceServer::Shutdown(bool deregister) {
   }
   if (!server_) return;
   // Streams finish on their own once the empty list is written; the deadline cancels a peer that stopped
-  // reading. Shutdown returns only after every reactor's OnDone ran.
+  // reading. Every waiting request then fails and every call ends, on the queue's thread; the queue is shut
+  // down only after the last call object is gone, so none can start an operation on a shut-down queue.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(deregister ? 1000 : 100));
+  {
+    std::unique_lock lock(mu_);
+    call_objects_cv_.wait(lock, [&] { return call_objects_ == 0; });
+  }
+  cq_->Shutdown();
+  cq_thread_.join();
   server_.reset();
+  cq_.reset();
   // gRPC unlinks its socket at shutdown; remove it ourselves only if it is still the very file we bound.
   if (socket_id_.present() && StatFileId(socket_) == socket_id_) ::unlink(socket_.c_str());
 }
 
-grpc::ServerUnaryReactor* ResourceServer::GetDevicePluginOptions(grpc::CallbackServerContext* context,
-                                                                 const v1beta1::Empty*,
-                                                                 v1beta1::DevicePluginOptions* response) {
+grpc::Status ResourceServer::GetDevicePluginOptions(const v1beta1::Empty&, v1beta1::DevicePluginOptions* response) {
   *response = PluginOptions();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
-grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* ResourceServer::ListAndWatch(
-    grpc::CallbackServerContext* context, const v1beta1::Empty*) {
-  std::lock_guard lock(mu_);
-  auto* stream = new DeviceStream(this, payload_);
-  if (shutting_down_) {
-    stream->End(false);
-  } else {
-    streams_.insert(stream);
-  }
-  spdlog::info("{}: ListAndWatch stream opened by {} ({} devices)", resource_name_, context->peer(),
-               payload_->message.devices_size());
-  return stream;
-}
-
-grpc::ServerUnaryReactor* ResourceServer::GetPreferredAllocation(grpc::CallbackServerContext* context,
-                                                                 const v1beta1::PreferredAllocationRequest* request,
-                                                                 v1beta1::PreferredAllocationResponse* response) {
+grpc::Status ResourceServer::GetPreferredAllocation(const v1beta1::PreferredAllocationRequest& request,
+                                                    v1beta1::PreferredAllocationResponse* response) {
   std::shared_ptr<const State> current = state();
-  for (const v1beta1::ContainerPreferredAllocationRequest& container : request->container_requests()) {
+  for (const v1beta1::ContainerPreferredAllocationRequest& container : request.container_requests()) {
     std::vector<std::string> available(container.available_deviceids().begin(), container.available_deviceids().end());
     std::vector<std::string> must(container.must_include_deviceids().begin(), container.must_include_deviceids().end());
     std::vector<std::string> chosen = PreferredAllocation(current->devices, available, must, container.allocation_size());
@@ -279,45 +433,35 @@ grpc::ServerUnaryReactor* ResourceServer::GetPreferredAllocation(grpc::CallbackS
     auto* out = response->add_container_responses();
     for (std::string& id : chosen) out->add_deviceids(std::move(id));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ResourceServer::Allocate(grpc::CallbackServerContext* context,
-                                                   const v1beta1::AllocateRequest* request,
-                                                   v1beta1::AllocateResponse* response) {
+grpc::Status ResourceServer::Allocate(const v1beta1::AllocateRequest& request, v1beta1::AllocateResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   auto observe = [&](bool ok) {
     if (observer_ != nullptr) observer_->OnAllocate(resource_name_, ok, std::chrono::steady_clock::now() - start);
   };
   std::shared_ptr<const State> current = state();
   const AllocateConfig config{.iommufd = current->iommufd, .cdi = cdi_};
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  for (const v1beta1::ContainerAllocateRequest& container : request->container_requests()) {
+  for (const v1beta1::ContainerAllocateRequest& container : request.container_requests()) {
     std::vector<std::string> ids(container.devices_ids().begin(), container.devices_ids().end());
     absl::StatusOr<ContainerAllocation> allocation = AllocateContainer(current->devices, config, ids);
     if (!allocation.ok()) {
       spdlog::warn("{}: allocate [{}] rejected: {}", resource_name_, absl::StrJoin(ids, ","),
                    std::string(allocation.status().message()));
-      reactor->Finish(ToGrpc(allocation.status()));
       observe(false);
-      return reactor;
+      return ToGrpc(allocation.status());
     }
     *response->add_container_responses() = ToProto(*allocation);
     spdlog::info("{}: allocate [{}]", resource_name_, absl::StrJoin(ids, ","));
   }
-  reactor->Finish(grpc::Status::OK);
   observe(true);
-  return reactor;
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ResourceServer::PreStartContainer(grpc::CallbackServerContext* context,
-                                                            const v1beta1::PreStartContainerRequest*,
-                                                            v1beta1::PreStartContainerResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+grpc::Status ResourceServer::PreStartContainer(const v1beta1::PreStartContainerRequest&,
+                                               v1beta1::PreStartContainerResponse*) {
+  return grpc::Status::OK;
 }
 
 }  // namespace vfio_agent::plugin::internal
