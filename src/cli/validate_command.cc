@@ -53,16 +53,11 @@ absl::Status ReadKubevirtFromCluster(const ParsedCommand& cmd, std::chrono::mill
     options->kubevirt_cr = std::move(list->json);
     return absl::OkStatus();
   }
-  Unavailable why{.request = (*reader)->Request()};
-  if (list.ok()) {
-    why.reason = Unavailable::Reason::kNoCr;
-    why.detail = "KubeVirtList with no items";
-  } else {
-    why.reason = ReasonOf(list.status());
-    why.detail = std::string(list.status().message());
-  }
-  why.detail = absl::StrCat(why.detail, " (credentials: ", (*reader)->ConfigSource(), ")");
-  options->kubevirt_cr_unavailable = std::move(why);
+  const std::string what = list.ok() ? "KubeVirtList with no items" : std::string(list.status().message());
+  options->kubevirt_cr_unavailable = Unavailable{
+      .reason = list.ok() ? Unavailable::Reason::kNoCr : ReasonOf(list.status()),
+      .request = (*reader)->Request(),
+      .detail = absl::StrCat(what, " (credentials: ", (*reader)->ConfigSource(), ")")};
   return absl::OkStatus();
 }
 
