@@ -6,11 +6,15 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -215,10 +219,10 @@ void BM_KubeletRestartToRegister(benchmark::State& state) {
 }
 BENCHMARK(BM_KubeletRestartToRegister)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
 
-// The agent as a container runtime starts it: a new mount namespace, the simulated node bind-mounted where
-// the image expects /sys, /dev and the kubelet directory, /proc mounted, chroot onto the image root, and the
-// binary and its libraries at the image's paths (/usr/bin, /usr/lib/<triplet>, /lib64). Arg 1: the image has
-// an /etc/ld.so.cache (as Debian images do); 0: it has none and the loader searches its default paths.
+// The agent as a container runtime starts it: a new mount namespace, the node bind-mounted where the image
+// expects /sys, /dev and the kubelet directory, /proc mounted, chroot onto the image root, and the binary and
+// its libraries at the image's paths (/usr/bin, /usr/lib/<triplet>, /lib64). `ld_cache`: the image has an
+// /etc/ld.so.cache (as Debian images do); without one the loader searches its default paths.
 class ImageRoot {
  public:
   ImageRoot(const std::string& binary, bool ld_cache) : dir_("va-bench-image") {
@@ -261,15 +265,48 @@ class ImageRoot {
   bool ok_ = false;
 };
 
+// A plain-directory copy of the simulated node's sysfs. On a node the kernel answers sysfs from memory; on
+// sysfs-sim every open, read and listing is a round trip to another process (FUSE), which on this 2-core VM
+// makes the first scan several times dearer than the agent's own work. Write-only attributes (bind, unbind,
+// remove, reset) become empty files; the simulator's control directory is left out.
+absl::Status CopyAsPlainTree(const std::filesystem::path& from, const std::filesystem::path& to) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path relative = it->path().lexically_relative(from);
+    if (*relative.begin() == ".sim") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    const fs::path target = to / relative;
+    if (it->is_symlink()) {
+      fs::create_symlink(fs::read_symlink(it->path()), target, ec);
+    } else if (it->is_directory()) {
+      fs::create_directory(target, ec);
+    } else {
+      std::ifstream in(it->path(), std::ios::binary);
+      std::ofstream out(target, std::ios::binary);
+      if (!out) return absl::InternalError("create " + target.string());
+      if (in && in.peek() != std::ifstream::traits_type::eof()) out << in.rdbuf();
+    }
+    if (ec) return absl::InternalError("copy " + it->path().string() + ": " + ec.message());
+  }
+  if (ec) return absl::InternalError("list " + from.string() + ": " + ec.message());
+  return absl::OkStatus();
+}
+
 // Every path the child needs, built by the parent: the child shares its memory (CLONE_VM) and must not
 // allocate while other threads may hold the allocator's lock.
 struct ContainerLaunch {
   std::string root, sysfs, sys_target, dev, dev_target, kubelet_dir, kubelet_target, proc_target;
+  Clock::time_point exec_at;  // written by the child just before execve: the runtime's share ends here
 };
 
 // Runs in the clone()d child (CLONE_VM | CLONE_VFORK, as posix_spawn does): namespace, mounts, chroot, exec.
 int ContainerChild(void* arg) {
-  const auto& l = *static_cast<const ContainerLaunch*>(arg);
+  auto& l = *static_cast<ContainerLaunch*>(arg);
   if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(120);
   if (::mount(l.sysfs.c_str(), l.sys_target.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
       ::mount(l.dev.c_str(), l.dev_target.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
@@ -280,58 +317,93 @@ int ContainerChild(void* arg) {
   if (::chroot(l.root.c_str()) != 0 || ::chdir("/") != 0) _exit(122);
   static const char* const argv[] = {"/usr/bin/vfio-gpu-agent", "serve", nullptr};
   static const char* const envp[] = {"PATH=/usr/bin", nullptr};
+  l.exec_at = Clock::now();
   ::execve(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
   _exit(127);
 }
 
-// Spawns the agent (directly, or into a container when `image` is set) against a fresh kubelet simulator and
-// returns launch -> Register in ms, or nullopt; `rss_kb` gets its RSS once registered.
-std::optional<double> LaunchToRegister(Node& node, const char* binary, const ImageRoot* image,
-                                       kubeletsim::KubeletSim& kubelet, const std::filesystem::path& kubelet_dir,
-                                       double* rss_kb) {
+// One way of starting the agent, and what its starts measured.
+struct LaunchWay {
+  std::string label;
+  std::string binary;
+  const ImageRoot* image = nullptr;  // null: posix_spawn with the host's paths
+  std::filesystem::path sysfs;       // the FUSE mount or its plain copy
+  std::vector<double> launch_ms;     // launch -> Register received by the kubelet simulator
+  std::vector<double> exec_ms;       // execve -> Register (the container's setup left out)
+  double rss_kb = 0;
+};
+
+// The first event of `kind` about the benchmark's resource at or after index `from`, whose detail contains
+// `detail`.
+std::optional<kubeletsim::Event> EventSince(const kubeletsim::KubeletSim& kubelet, size_t from,
+                                            std::string_view kind, std::string_view detail = "") {
+  const std::vector<kubeletsim::Event> events = kubelet.Events();
+  for (size_t i = from; i < events.size(); ++i) {
+    if (events[i].kind == kind && events[i].resource == kH200 && events[i].detail.find(detail) != std::string::npos) {
+      return events[i];
+    }
+  }
+  return std::nullopt;
+}
+
+// Starts the agent once the way `way` says, against `kubelet` (listening in `kubelet_dir`); records launch ->
+// Register at the clock's resolution. Returns false when no Register came (a failed run, not a time). The
+// agent is stopped only once the kubelet lists its 8 GPUs, and the next start waits until the kubelet saw
+// this agent's stream end, so that no start meets the previous one's teardown.
+bool LaunchOnce(LaunchWay& way, const std::filesystem::path& dev_root, kubeletsim::KubeletSim& kubelet,
+                const std::filesystem::path& kubelet_dir) {
   const size_t events_before = kubelet.Events().size();
-  const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
-                    kdir = kubelet_dir.string();
-  const char* argv[] = {binary, "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
+  const std::string sysfs = way.sysfs.string(), dev = dev_root.string(), kdir = kubelet_dir.string();
+  const char* argv[] = {way.binary.c_str(), "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
                         "--kubelet-dir", kdir.c_str(), nullptr};
   ContainerLaunch launch;
-  if (image != nullptr) {
-    const std::filesystem::path& root = image->root();
+  if (way.image != nullptr) {
+    const std::filesystem::path& root = way.image->root();
     launch = {root.string(), sysfs, (root / "sys").string(), dev, (root / "dev").string(), kdir,
-              (root / "var/lib/kubelet/device-plugins").string(), (root / "proc").string()};
+              (root / "var/lib/kubelet/device-plugins").string(), (root / "proc").string(), {}};
   }
   static char stack[64 * 1024];
   const Clock::time_point start = Clock::now();
   pid_t pid = 0;
-  if (image == nullptr) {
-    if (::posix_spawn(&pid, binary, nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return std::nullopt;
+  if (way.image == nullptr) {
+    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return false;
+    launch.exec_at = start;
   } else {
     pid = ::clone(ContainerChild, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &launch);
-    if (pid < 0) return std::nullopt;
+    if (pid < 0) return false;
   }
-  kubelet.WaitFor(
-      [&](const kubeletsim::KubeletSim& k) {
-        auto resources = k.Resources();
-        auto it = resources.find(kH200);
-        return it != resources.end() && it->second.registered && it->second.allocatable == 8;
-      },
+  const bool listed = kubelet.WaitFor(
+      [&](const kubeletsim::KubeletSim& k) { return EventSince(k, events_before, "list", "healthy=8 ").has_value(); },
       std::chrono::seconds(10));
-  std::optional<double> ms;
-  auto events = kubelet.Events();
-  for (size_t i = events_before; i < events.size(); ++i) {
-    if (events[i].kind == "register" && events[i].resource == kH200) {
-      ms = std::chrono::duration<double, std::milli>(events[i].at - start).count();
-      break;
-    }
-  }
+  const std::optional<kubeletsim::Event> registered = EventSince(kubelet, events_before, "register");
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) *rss_kb = std::stod(line.substr(6));
+    if (line.rfind("VmRSS:", 0) == 0) way.rss_kb = std::stod(line.substr(6));
   }
   ::kill(pid, SIGTERM);
   int wstatus = 0;
   ::waitpid(pid, &wstatus, 0);
-  return ms;
+  kubelet.WaitFor(
+      [&](const kubeletsim::KubeletSim& k) { return EventSince(k, events_before, "stream_end").has_value(); },
+      std::chrono::seconds(5));
+  if (!listed || !registered || registered->at < launch.exec_at) return false;
+  way.launch_ms.push_back(std::chrono::duration<double, std::milli>(registered->at - start).count());
+  way.exec_ms.push_back(std::chrono::duration<double, std::milli>(registered->at - launch.exec_at).count());
+  return true;
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+double LoadAverage1() {
+  std::ifstream loadavg("/proc/loadavg");
+  double load = -1;
+  loadavg >> load;
+  return load;
 }
 
 const char* AgentBinaryOrSkip(benchmark::State& state) {
@@ -343,8 +415,19 @@ const char* AgentBinaryOrSkip(benchmark::State& state) {
   return binary;
 }
 
-// Direct spawn and container start interleaved in one run (Arg: 0 direct, 1 container with ld.so.cache,
-// 2 container without one), each with its own kubelet simulator on the shared node.
+// Launch -> Register, every way of starting interleaved in one run: round after round, each way once per round
+// (the order rotates), all against one kubelet simulator; medians in ms at the clock's resolution.
+//   direct             posix_spawn with the host's paths, on the FUSE node (the figure reported before)
+//   direct_plain       the same on a plain copy of the node (see CopyAsPlainTree)
+//   container          mount namespace + chroot into an image with /etc/ld.so.cache, on the plain copy: as a
+//                      container runtime starts the agent on a node, whose sysfs the kernel answers (the target)
+//   container_fuse     the same on the FUSE node
+//   container_nocache  the image without /etc/ld.so.cache, on the plain copy
+// VA_AGENT_BIN_BASELINE=<binary> runs every way with that binary too, interleaved (base_<way>_ms), and reports
+// ratio_<way> = this binary / baseline. VA_LAUNCH_ROUNDS (default 11) starts per way. A missed Register fails
+// the run (and the exit status). load1_* are /proc/loadavg's 1-minute load before and after.
+bool launch_failed = false;
+
 void BM_LaunchToRegister(benchmark::State& state) {
   const char* binary = AgentBinaryOrSkip(state);
   if (binary == nullptr) {
@@ -352,14 +435,41 @@ void BM_LaunchToRegister(benchmark::State& state) {
     }
     return;
   }
+  const char* baseline = std::getenv("VA_AGENT_BIN_BASELINE");
+  const int rounds = std::getenv("VA_LAUNCH_ROUNDS") ? std::atoi(std::getenv("VA_LAUNCH_ROUNDS")) : 11;
   Node& node = SharedNode();
-  std::optional<ImageRoot> image;
-  if (state.range(0) > 0) {
-    image.emplace(binary, state.range(0) == 1);
-    if (!image->ok()) {
+  vfio_agent::testing::TempDir plain("va-bench-plain-sysfs");
+  if (absl::Status copied = CopyAsPlainTree(node.options.paths.sysfs_root, plain.path()); !copied.ok()) {
+    state.SkipWithError(copied.ToString().c_str());
+    return;
+  }
+  std::vector<std::string> binaries = {binary};
+  if (baseline != nullptr) binaries.push_back(baseline);
+  std::vector<std::unique_ptr<ImageRoot>> images;
+  std::vector<LaunchWay> ways;
+  for (size_t b = 0; b < binaries.size(); ++b) {
+    images.push_back(std::make_unique<ImageRoot>(binaries[b], /*ld_cache=*/true));
+    images.push_back(std::make_unique<ImageRoot>(binaries[b], /*ld_cache=*/false));
+    if (!images[images.size() - 2]->ok() || !images.back()->ok()) {
       state.SkipWithError("could not build the image root");
       return;
     }
+    const std::string prefix = b == 0 ? "" : "base_";
+    const ImageRoot* cached = images[images.size() - 2].get();
+    const std::filesystem::path fuse = node.options.paths.sysfs_root;
+    auto add = [&](const std::string& label, const ImageRoot* image, const std::filesystem::path& sysfs) {
+      LaunchWay way;
+      way.label = prefix + label;
+      way.binary = binaries[b];
+      way.image = image;
+      way.sysfs = sysfs;
+      ways.push_back(std::move(way));
+    };
+    add("direct", nullptr, fuse);
+    add("direct_plain", nullptr, plain.path());
+    add("container", cached, plain.path());
+    add("container_fuse", cached, fuse);
+    add("container_nocache", images.back().get(), plain.path());
   }
   vfio_agent::testing::TempDir dir("va-bench-launch");
   kubeletsim::Options kubelet_options;
@@ -369,20 +479,40 @@ void BM_LaunchToRegister(benchmark::State& state) {
     state.SkipWithError("kubelet sim");
     return;
   }
-  double rss_kb = 0;
+  state.counters["load1_before"] = LoadAverage1();
   for (auto _ : state) {
-    const std::optional<double> ms =
-        LaunchToRegister(node, binary, image ? &*image : nullptr, kubelet, dir.path(), &rss_kb);
-    if (!ms) {
-      state.SkipWithError("no Register from the agent");
-      break;
+    for (int round = 0; round < rounds && !launch_failed; ++round) {
+      for (size_t i = 0; i < ways.size(); ++i) {
+        LaunchWay& way = ways[(i + round) % ways.size()];
+        if (!LaunchOnce(way, node.options.paths.dev_root, kubelet, dir.path())) {
+          launch_failed = true;
+          state.SkipWithError(("no Register from the agent started as " + way.label).c_str());
+          break;
+        }
+      }
     }
-    state.SetIterationTime(*ms / 1000.0);
+    if (launch_failed) break;
+    state.SetIterationTime(Median(ways[2].launch_ms) / 1000.0);  // ways[2]: "container", the target
   }
-  state.counters["rss_registered_kB"] = rss_kb;
+  if (launch_failed) return;
+  state.counters["load1_after"] = LoadAverage1();
+  for (const LaunchWay& way : ways) {
+    const double launch = Median(way.launch_ms), exec = Median(way.exec_ms);
+    state.counters[way.label + "_ms"] = launch;
+    fprintf(stderr, "launch: %-22s median %7.3f ms (min %7.3f, max %7.3f, n=%zu), exec -> Register %7.3f ms, RSS %.0f kB\n",
+            way.label.c_str(), launch, *std::min_element(way.launch_ms.begin(), way.launch_ms.end()),
+            *std::max_element(way.launch_ms.begin(), way.launch_ms.end()), way.launch_ms.size(), exec, way.rss_kb);
+  }
+  state.counters["container_exec_ms"] = Median(ways[2].exec_ms);
+  state.counters["rss_registered_kB"] = ways[2].rss_kb;
+  if (baseline != nullptr) {
+    const size_t per_binary = ways.size() / 2;
+    for (size_t i = 0; i < per_binary; ++i) {
+      state.counters["ratio_" + ways[i].label] = Median(ways[i].launch_ms) / Median(ways[i + per_binary].launch_ms);
+    }
+  }
 }
-BENCHMARK(BM_LaunchToRegister)->ArgName("container")->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Iterations(10)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LaunchToRegister)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
 // CPU time (all threads, ns resolution from schedstat) of `pid`.
 double CpuMs(pid_t pid) {
@@ -421,10 +551,24 @@ int ThreadCount(pid_t pid) {
   return n;
 }
 
+// A TCP port nothing listens on now, for `run`'s health and metrics servers.
+int UnusedTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(fd);
+  return ok ? ntohs(address.sin_port) : 0;
+}
+
 // Idle cost with the production defaults (no --rescan-interval; udev on, which on the simulator hears only the
 // host's own PCI events): the agent's CPU over VA_IDLE_SECONDS (default 20) once registered on the idle 8-GPU
 // node. schedstat counts nanoseconds; utime+stime would count 10 ms ticks. Exited threads of the interval
-// are not counted, so the thread count is reported too.
+// are not counted, so the thread count is reported too. `run` 0: `serve`; 1: `run` (the same plugin plus the
+// gRPC health server, metrics, the pod-resources check and its periodic resync; no API server).
 void BM_IdleCpu(benchmark::State& state) {
   const char* binary = AgentBinaryOrSkip(state);
   if (binary == nullptr) {
@@ -437,6 +581,8 @@ void BM_IdleCpu(benchmark::State& state) {
   vfio_agent::testing::TempDir dir("va-bench-idle");
   kubeletsim::Options kubelet_options;
   kubelet_options.dir = dir.path();
+  const bool run = state.range(0) == 1;
+  if (run) kubelet_options.pod_resources_socket = dir.path() / "pod-resources.sock";
   kubeletsim::KubeletSim kubelet(kubelet_options);
   if (!kubelet.Start().ok()) {
     state.SkipWithError("kubelet sim");
@@ -446,11 +592,26 @@ void BM_IdleCpu(benchmark::State& state) {
   int threads = 0;
   for (auto _ : state) {
     const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
-                      kdir = dir.path().string();
-    const char* argv[] = {binary, "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
-                          "--kubelet-dir", kdir.c_str(), "--log-level", "warn", nullptr};
+                      kdir = dir.path().string(), pod_resources = kubelet_options.pod_resources_socket.string(),
+                      health_port = std::to_string(UnusedTcpPort()), metrics_port = std::to_string(UnusedTcpPort());
+    std::vector<const char*> argv = {binary, run ? "run" : "serve", "--sysfs-root", sysfs.c_str(), "--dev-root",
+                                     dev.c_str(), "--kubelet-dir", kdir.c_str(), "--log-level", "warn"};
+    if (run) {
+      argv.insert(argv.end(), {"--pod-resources-socket", pod_resources.c_str(), "--listen-address", "127.0.0.1",
+                               "--health-port", health_port.c_str(), "--metrics-port", metrics_port.c_str()});
+    }
+    argv.push_back(nullptr);
+    // Never the caller's cluster: `run` would talk to the API server that these point at.
+    std::vector<char*> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry = *e;
+      if (!entry.starts_with("VFIO_GPU_AGENT_") && !entry.starts_with("KUBERNETES_") && !entry.starts_with("NODE_NAME=")) {
+        env.push_back(*e);
+      }
+    }
+    env.push_back(nullptr);
     pid_t pid = 0;
-    if (::posix_spawn(&pid, binary, nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) {
+    if (::posix_spawn(&pid, binary, nullptr, nullptr, const_cast<char* const*>(argv.data()), env.data()) != 0) {
       state.SkipWithError("posix_spawn failed");
       break;
     }
@@ -485,7 +646,7 @@ void BM_IdleCpu(benchmark::State& state) {
   state.counters["cpu_ms_per_20s"] = cpu_ms * 20.0 / seconds;
   state.counters["threads"] = threads;
 }
-BENCHMARK(BM_IdleCpu)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_IdleCpu)->ArgName("run")->Arg(0)->Arg(1)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace vfio_agent::plugin::testing
@@ -496,5 +657,5 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   vfio_agent::plugin::testing::shared_node.reset();
-  return 0;
+  return vfio_agent::plugin::testing::launch_failed ? 1 : 0;
 }
