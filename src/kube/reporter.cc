@@ -169,19 +169,6 @@ class NodeReporterImpl final : public NodeReporter {
     return labels;
   }
 
-  absl::StatusOr<std::string> KubevirtCrs(std::chrono::milliseconds timeout) override {
-    Outcome outcome = Request("GET", "/apis/kubevirt.io/v1/kubevirts", "", "", timeout);
-    if (outcome.code == 404) {
-      return absl::NotFoundError(absl::StrCat("KubeVirt is not installed (no kubevirt.io/v1 API): ", outcome.detail));
-    }
-    if (!outcome.ok()) return ToStatus(outcome);
-    if (!outcome.body.is_object() || !outcome.body.contains("items")) {
-      return absl::DataLossError(absl::StrCat("GET ", client_->Url("/apis/kubevirt.io/v1/kubevirts"),
-                                              ": answer is not a list"));
-    }
-    return Dump(outcome.body);
-  }
-
   ReporterStats Stats() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;

@@ -375,27 +375,17 @@ TEST_F(ReporterTest, RejectedTokenRecoversWhenTheTokenFileRotates) {
   EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"200", "401", "200"}));
 }
 
-TEST_F(ReporterTest, NodeLabelsAndKubevirtCrs) {
+TEST_F(ReporterTest, NodeLabels) {
   ASSERT_TRUE(api_->Control(R"(node node-b {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"})").ok());
   auto reporter = Start({}, "node-b");
   auto labels = reporter->NodeLabels(10s);
   ASSERT_TRUE(labels.ok()) << labels.status();
   EXPECT_EQ(labels->at("nvidia.com/gpu.deploy.sandbox-device-plugin"), "true");
 
-  ASSERT_TRUE(api_->Control(R"(kubevirts [{"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"}, "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [{"pciVendorSelector": "10DE:2335", "resourceName": "nvidia.com/GH100_H200", "externalResourceProvider": true}]}}}}])").ok());
-  auto crs = reporter->KubevirtCrs(10s);
-  ASSERT_TRUE(crs.ok()) << crs.status();
-  Json list = Json::parse(*crs);
-  ASSERT_EQ(list["items"].size(), 1u);
-  EXPECT_EQ(list["items"][0]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"][0]["resourceName"],
-            "nvidia.com/GH100_H200");
-
-  ASSERT_TRUE(api_->Control("no-kubevirt").ok());
-  EXPECT_TRUE(absl::IsNotFound(reporter->KubevirtCrs(10s).status()));
   ASSERT_TRUE(api_->Control("fail GET /api/v1/nodes 403 1").ok());
   EXPECT_TRUE(absl::IsPermissionDenied(reporter->NodeLabels(10s).status()));
-  EXPECT_EQ(reporter->Stats().requests, 4u);
-  EXPECT_EQ(reporter->Stats().failures, 2u);  // the 404 and the 403
+  EXPECT_EQ(reporter->Stats().requests, 2u);
+  EXPECT_EQ(reporter->Stats().failures, 1u);  // the 403
 }
 
 TEST_F(ReporterTest, ReadsGiveUpAtTheirTimeout) {

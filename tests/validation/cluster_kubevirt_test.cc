@@ -13,8 +13,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::FindCheck;
+using testing::kH200;
 
-constexpr char kH200[] = "nvidia.com/GH100_H200_SXM_141GB";
 constexpr char kA10[] = "nvidia.com/GA102GL_A10";
 
 // The CR as Cozystack renders it (packages/system/kubevirt, gpu-operator enabled, default table, no user entries).

@@ -47,8 +47,6 @@ class NodeReporter {
   virtual void RecordEvent(EventType type, const std::string& reason, const std::string& note) = 0;
   // Blocking reads with a deadline.
   virtual absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) = 0;
-  // The KubeVirt CRs of the cluster as the JSON of a list (`kubectl get kubevirt -A -o json`).
-  virtual absl::StatusOr<std::string> KubevirtCrs(std::chrono::milliseconds timeout) = 0;
   virtual ReporterStats Stats() const = 0;
 };
 
