@@ -18,7 +18,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "grpcpp/client_context.h"
@@ -386,6 +388,9 @@ bool LaunchOnce(LaunchWay& way, const std::filesystem::path& dev_root, kubeletsi
   kubelet.WaitFor(
       [&](const kubeletsim::KubeletSim& k) { return EventSince(k, events_before, "stream_end").has_value(); },
       std::chrono::seconds(5));
+  // Lets sysfs-sim and the kubelet simulator finish with the stopped agent (FUSE releases of its open files,
+  // the stream's teardown) before the next start is timed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (!listed || !registered || registered->at < launch.exec_at) return false;
   way.launch_ms.push_back(std::chrono::duration<double, std::milli>(registered->at - start).count());
   way.exec_ms.push_back(std::chrono::duration<double, std::milli>(registered->at - launch.exec_at).count());
@@ -416,7 +421,7 @@ const char* AgentBinaryOrSkip(benchmark::State& state) {
 }
 
 // Launch -> Register, every way of starting interleaved in one run: round after round, each way once per round
-// (the order rotates), all against one kubelet simulator; medians in ms at the clock's resolution.
+// (in a shuffled order), all against one kubelet simulator; medians in ms at the clock's resolution.
 //   direct             posix_spawn with the host's paths, on the FUSE node (the figure reported before)
 //   direct_plain       the same on a plain copy of the node (see CopyAsPlainTree)
 //   container          mount namespace + chroot into an image with /etc/ld.so.cache, on the plain copy: as a
@@ -481,9 +486,15 @@ void BM_LaunchToRegister(benchmark::State& state) {
   }
   state.counters["load1_before"] = LoadAverage1();
   for (auto _ : state) {
+    // A fresh order every round (seeded): with a fixed cycle each way would always follow the same one, and a
+    // start right after one on the FUSE node meets sysfs-sim still releasing that agent's files.
+    std::mt19937 shuffle_rng(11);
+    std::vector<size_t> order(ways.size());
+    std::iota(order.begin(), order.end(), 0);
     for (int round = 0; round < rounds && !launch_failed; ++round) {
-      for (size_t i = 0; i < ways.size(); ++i) {
-        LaunchWay& way = ways[(i + round) % ways.size()];
+      std::shuffle(order.begin(), order.end(), shuffle_rng);
+      for (size_t i : order) {
+        LaunchWay& way = ways[i];
         if (!LaunchOnce(way, node.options.paths.dev_root, kubelet, dir.path())) {
           launch_failed = true;
           state.SkipWithError(("no Register from the agent started as " + way.label).c_str());
