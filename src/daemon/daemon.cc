@@ -123,8 +123,8 @@ class Daemon::Impl final : public plugin::AgentObserver {
   void Publish(const Readiness& readiness);
   void PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected);
   void RunHostChecks(const validation::NodeView& view, const std::string& fingerprint);
-  void Event(kube::EventType type, const std::string& reason, const std::string& note) {
-    if (reporter_) reporter_->RecordEvent(type, reason, note);
+  void Event(kube::EventType type, const std::string& reason, const std::string& action, const std::string& note) {
+    if (reporter_) reporter_->RecordEvent(type, reason, action, note);
   }
 
   DaemonOptions options_;
@@ -337,7 +337,7 @@ absl::Status Daemon::Impl::PassOnce() {
   const int restarts = kubelet_restarts_.load();
   if (restarts != restarts_reported_) {
     restarts_reported_ = restarts;
-    Event(kube::EventType::kNormal, "KubeletRestarted", "the kubelet restarted; the device plugin re-registered");
+    Event(kube::EventType::kNormal, "KubeletRestarted", "Registering", "the kubelet restarted; the device plugin re-registered");
   }
   if (reporter_) metrics_.SetApiStats(reporter_->Stats());
   metrics_.SetReconciled(std::chrono::system_clock::now(), Clock::now() - start);
@@ -401,7 +401,7 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
         const std::string note = absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason);
         bind_failures_[result.bdf] = note;
         spdlog::warn("reconcile: {}; retrying in {} ms", note, backoff.delay.count());
-        Event(kube::EventType::kWarning, "BindBlocked", note);
+        Event(kube::EventType::kWarning, "BindBlocked", "Binding", note);
         break;
       }
       default:
@@ -412,7 +412,7 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
     // Advertised now rather than at the plugin's next tick.
     if (serving_) agent_->RescanNow();
     spdlog::info("reconcile: bound {} to vfio: {}", bound.size(), absl::StrJoin(bound, ","));
-    Event(kube::EventType::kNormal, "GPUsBound",
+    Event(kube::EventType::kNormal, "GPUsBound", "Binding",
           absl::StrCat("bound ", bound.size(), " functions to vfio: ", absl::StrJoin(bound, ",")));
   }
   return true;
@@ -554,11 +554,11 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
   if (!changed) return;
   if (readiness.ready) {
     spdlog::info("ready: {}: {}", readiness.reason, readiness.message);
-    Event(kube::EventType::kNormal, "ValidationPassed", readiness.message);
+    Event(kube::EventType::kNormal, "ValidationPassed", "Validating", readiness.message);
   } else {
     spdlog::warn("not ready: {} ({}): {}", readiness.check_id, readiness.reason, readiness.message);
     Event(kube::EventType::kWarning, readiness.reason == kOperatorReason ? kOperatorReason : "ValidationFailed",
-          readiness.message);
+          "Validating", readiness.message);
   }
   if (reporter_) {
     reporter_->SetCondition({.ready = readiness.ready, .reason = readiness.reason, .message = readiness.message});
@@ -576,9 +576,9 @@ void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin:
       auto [it, inserted] = health_seen_.try_emplace(device.id, device.healthy);
       if (!inserted && it->second != device.healthy) {
         if (device.healthy) {
-          Event(kube::EventType::kNormal, "DeviceRecovered", absl::StrCat(device.id, " ", name, " is healthy again"));
+          Event(kube::EventType::kNormal, "DeviceRecovered", "HealthChecking", absl::StrCat(device.id, " ", name, " is healthy again"));
         } else {
-          Event(kube::EventType::kWarning, "DeviceLost",
+          Event(kube::EventType::kWarning, "DeviceLost", "HealthChecking",
                 absl::StrCat(device.id, " ", name, " unhealthy: ", device.unhealthy_reason));
         }
       }

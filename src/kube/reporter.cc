@@ -84,7 +84,7 @@ struct Outcome {
   bool ok() const { return failure == Failure::kNone; }
 };
 
-using EventKey = std::tuple<EventType, std::string, std::string>;  // type, reason, note
+using EventKey = std::tuple<EventType, std::string, std::string, std::string>;  // type, reason, action, note
 
 struct PendingEvent {
   EventKey key;
@@ -130,11 +130,12 @@ class NodeReporterImpl final : public NodeReporter {
     cv_.notify_all();
   }
 
-  void RecordEvent(EventType type, const std::string& reason, const std::string& note) override {
+  void RecordEvent(EventType type, const std::string& reason, const std::string& action,
+                   const std::string& note) override {
     const auto now = clock_.WallNow();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      EventKey key{type, reason, note};
+      EventKey key{type, reason, action, note};
       for (PendingEvent& pending : events_) {
         if (pending.key == key) {  // a repeat not yet written joins it: one write for both
           ++pending.occurrences;
@@ -382,14 +383,14 @@ class NodeReporterImpl final : public NodeReporter {
   }
 
   Json NewEvent(const PendingEvent& pending, const std::string& name) const {
-    const auto& [type, reason, note] = pending.key;
+    const auto& [type, reason, action, note] = pending.key;
     Json event = {{"apiVersion", "events.k8s.io/v1"},
                   {"kind", "Event"},
                   {"metadata", {{"name", name}, {"namespace", kEventNamespace}}},
                   {"eventTime", Rfc3339Micro(pending.first_seen)},
                   {"reportingController", kReportingController},
                   {"reportingInstance", Truncate(options_.node_name, kReasonLimit)},
-                  {"action", Truncate(reason, kReasonLimit)},
+                  {"action", Truncate(action, kReasonLimit)},
                   {"reason", Truncate(reason, kReasonLimit)},
                   {"note", Truncate(note, kNoteLimit)},
                   {"type", type == EventType::kWarning ? "Warning" : "Normal"},

@@ -235,6 +235,7 @@ TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {
   ASSERT_TRUE(WaitUntil([&] { return restart_events().size() == 1; }));
   const nlohmann::json first = restart_events().front();
   EXPECT_EQ(first.value("type", ""), "Normal");
+  EXPECT_EQ(first.value("action", ""), "Registering");
   EXPECT_EQ(first.value("reportingController", ""), "vfio-gpu-agent");
   EXPECT_EQ(first["regarding"].value("kind", ""), "Node");
   EXPECT_EQ(first["regarding"].value("name", ""), "node-a");

@@ -151,7 +151,7 @@ TEST_F(ReporterTest, ConditionAlreadyOnTheNodeIsNotPatchedAgain) {
 TEST_F(ReporterTest, SteadyStateSendsNothing) {
   auto reporter = Start(OnFakeClock());
   reporter->SetCondition(kReady);
-  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound to vfio-pci");
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "8 GPUs bound to vfio-pci");
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
   ASSERT_TRUE(WaitForIdle());
   const size_t requests = api_->Log().size();
@@ -167,11 +167,11 @@ TEST_F(ReporterTest, SteadyStateSendsNothing) {
 TEST_F(ReporterTest, RepeatsBecomeAnEventSeries) {
   auto reporter = Start(OnFakeClock());
   const std::string note = "0000:3b:00.0 held by nvidia-persistenced (pid 4242)";
-  reporter->RecordEvent(EventType::kWarning, "BindBlocked", note);
+  reporter->RecordEvent(EventType::kWarning, "BindBlocked", "Binding", note);
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
   for (int i = 0; i < 3; ++i) {
     clock_.Advance(1s);
-    reporter->RecordEvent(EventType::kWarning, "BindBlocked", note);
+    reporter->RecordEvent(EventType::kWarning, "BindBlocked", "Binding", note);
   }
   ASSERT_TRUE(KubeApiSim::WaitFor([&] {
     auto events = api_->Events();
@@ -191,24 +191,25 @@ TEST_F(ReporterTest, RepeatsBecomeAnEventSeries) {
   EXPECT_EQ(event["reportingInstance"], "node-a");
   EXPECT_EQ(event["type"], "Warning");
   EXPECT_EQ(event["reason"], "BindBlocked");
+  EXPECT_EQ(event["action"], "Binding");
   EXPECT_EQ(event["note"], note);
 
   // A different note is a different event.
-  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound");
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "8 GPUs bound");
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 2; }));
   EXPECT_EQ(api_->Count("POST", kEvents, "201"), 2u);
 }
 
 TEST_F(ReporterTest, LongNoteIsCutToTheApiLimit) {
   auto reporter = Start(OnFakeClock());
-  reporter->RecordEvent(EventType::kWarning, "ValidationFailed", std::string(3000, 'n'));
+  reporter->RecordEvent(EventType::kWarning, "ValidationFailed", "Validating", std::string(3000, 'n'));
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
   EXPECT_EQ((*api_->Events())[0]["note"].get<std::string>().size(), 1024u);
 }
 
 TEST_F(ReporterTest, WritesBurstTenThenOnePerSecond) {
   auto reporter = Start(OnFakeClock());
-  for (int i = 0; i < 15; ++i) reporter->RecordEvent(EventType::kNormal, "DeviceRecovered", absl::StrCat("device ", i));
+  for (int i = 0; i < 15; ++i) reporter->RecordEvent(EventType::kNormal, "DeviceRecovered", "HealthChecking", absl::StrCat("device ", i));
   std::optional<TimePoint> until = WaitForTimedSleep();
   ASSERT_TRUE(until);
   EXPECT_EQ(api_->Count("POST", kEvents), 10u);
@@ -234,10 +235,10 @@ TEST_F(ReporterTest, QueueIsBoundedAndDropsAreCounted) {
   options.queue_limit = 4;
   ASSERT_TRUE(api_->Control("hang * / -1").ok());  // the worker is stuck in its first request
   auto reporter = Start(options);
-  reporter->RecordEvent(EventType::kNormal, "R", "first");
+  reporter->RecordEvent(EventType::kNormal, "R", "Testing", "first");
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("GET", kNode, "hang") == 1; }));
-  for (int i = 0; i < 10; ++i) reporter->RecordEvent(EventType::kNormal, "R", absl::StrCat("n", i));
-  reporter->RecordEvent(EventType::kNormal, "R", "first");  // a repeat joins the queued one: not a drop
+  for (int i = 0; i < 10; ++i) reporter->RecordEvent(EventType::kNormal, "R", "Testing", absl::StrCat("n", i));
+  reporter->RecordEvent(EventType::kNormal, "R", "Testing", "first");  // a repeat joins the queued one: not a drop
   EXPECT_EQ(reporter->Stats().events_dropped, 7u);
   reporter.reset();  // returns although its request hangs
   ASSERT_TRUE(api_->Control("release").ok());
@@ -250,7 +251,7 @@ TEST_F(ReporterTest, ApiDownTheWholeTimeNeverBlocksCallers) {
   auto reporter = StartNodeReporter(std::make_unique<ApiClient>(nowhere), options);
   for (int i = 0; i < 1000; ++i) {
     reporter->SetCondition(i % 2 ? kReady : kNotBound);
-    reporter->RecordEvent(EventType::kWarning, "DeviceLost", absl::StrCat("device ", i % 100));
+    reporter->RecordEvent(EventType::kWarning, "DeviceLost", "HealthChecking", absl::StrCat("device ", i % 100));
   }
   // Backoff doubles: 1 s, 2 s, 4 s after the first, second and third failure.
   std::optional<TimePoint> until = WaitForTimedSleep();
@@ -315,7 +316,7 @@ TEST_F(ReporterTest, TooManyRequestsHonoursRetryAfter) {
 TEST_F(ReporterTest, ConnectionCutMidRequestIsRetried) {
   ASSERT_TRUE(api_->Control("cut POST /apis/events.k8s.io 1").ok());
   auto reporter = Start(OnFakeClock());
-  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "8 GPUs bound");
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "8 GPUs bound");
   ASSERT_TRUE(WaitForTimedSleep());
   clock_.Advance(1s);
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));

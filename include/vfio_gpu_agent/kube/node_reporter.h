@@ -44,7 +44,9 @@ class NodeReporter {
   virtual void SetCondition(const NodeCondition& condition) = 0;
   // Non-blocking. Repeats of the same (type, reason, note) are folded into an event series; at most one API
   // write per second per node with a burst of 10.
-  virtual void RecordEvent(EventType type, const std::string& reason, const std::string& note) = 0;
+  // `reason` says what happened (GPUsBound, BindBlocked), `action` what the agent was doing (Binding).
+  virtual void RecordEvent(EventType type, const std::string& reason, const std::string& action,
+                           const std::string& note) = 0;
   // Blocking reads with a deadline.
   virtual absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) = 0;
   virtual ReporterStats Stats() const = 0;
