@@ -1,5 +1,6 @@
 #include "vfio_gpu_agent/common/worker_pool.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -121,9 +122,11 @@ size_t WorkerPool::waiting_workers() const {
 }
 
 WorkerPool& ProcessWorkerPool() {
-  // Eight waiting workers cover a scan's helpers (at most seven) or a bind pass's groups on common nodes;
-  // bursts beyond that start threads that exit once idle. Leaked on purpose (see the header).
-  static WorkerPool* const pool = new WorkerPool(8);
+  // As many waiting workers as cores (4 to 8) cover a scan's helpers (one fewer than the cores, at most
+  // seven) and the daemon's steady state (one bind and its writes at a time) without reading as a thread
+  // leak; a first bind pass over every group starts more, which exit once idle. Leaked on purpose (see the
+  // header).
+  static WorkerPool* const pool = new WorkerPool(std::clamp(std::thread::hardware_concurrency(), 4u, 8u));
   return *pool;
 }
 
