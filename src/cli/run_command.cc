@@ -32,7 +32,7 @@ std::vector<FlagSpec> RunFlags() {
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
       {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket (readiness: allocatable devices)",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
-      {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "10000"},
+      {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
   };
   for (auto& spec : own) specs.push_back(std::move(spec));
   return specs;
@@ -65,7 +65,7 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   auto metrics = IntValue(cmd.flags, "metrics-port", "9400", 0, 65535);
   if (!metrics.ok()) return metrics.status();
   options.metrics_port = *metrics;
-  auto resync = IntValue(cmd.flags, "resync-interval", "10000", 100, 3600000);
+  auto resync = IntValue(cmd.flags, "resync-interval", "60000", 100, 3600000);
   if (!resync.ok()) return resync.status();
   options.resync_interval = std::chrono::milliseconds(*resync);
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");

@@ -32,7 +32,6 @@ using std::chrono::milliseconds;
 // The states that clear by themselves within moments (the kubelet dialling back, ListAndWatch reaching
 // its allocatable set): looked at again soon rather than at the next not-ready interval.
 constexpr milliseconds kLagRecheck{100};
-constexpr milliseconds kMaxPollWait{1000};  // the loop turns at least this often (liveness)
 constexpr milliseconds kLabelsTimeout{2000};
 constexpr milliseconds kKubeletRecheck{60000};
 
@@ -210,12 +209,15 @@ void Daemon::Impl::Stop() {
 }
 
 void Daemon::Impl::Loop() {
+  // The loop turns at least four times per `live_limit`, so that liveness has a heartbeat to see; everything
+  // else wakes it through its file descriptors or the next deadline.
+  const milliseconds max_wait = std::chrono::duration_cast<milliseconds>(options_.live_limit) / 4;
   while (!stopping_) {
-    Clock::time_point next = std::min(next_pass_, Clock::now() + kMaxPollWait);
+    Clock::time_point next = std::min(next_pass_, Clock::now() + max_wait);
     if (refused_) next = std::min(next, next_coexistence_);
     for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
     const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
-    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, kMaxPollWait.count()));
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, max_wait.count()));
     const int uevent_fd = uevents_ ? uevents_->fd() : -1;
     pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {uevent_fd, POLLIN, 0}};
     ::poll(fds, uevent_fd >= 0 ? 3 : 2, timeout_ms);

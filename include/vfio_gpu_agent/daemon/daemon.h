@@ -31,7 +31,7 @@ struct DaemonOptions {
   int health_port = 8081;                // grpc.health.v1.Health; 0 = off
   int metrics_port = 9400;               // Prometheus text format on /metrics; 0 = off
   std::filesystem::path status_dir;      // validator status files; "" = none
-  std::chrono::milliseconds resync_interval{10000};      // a full pass with nothing else happening
+  std::chrono::milliseconds resync_interval{60000};      // a safety pass with nothing else happening (events drive it)
   std::chrono::milliseconds not_ready_interval{1000};    // a pass while not ready (kubelet lag, ...)
   std::chrono::milliseconds coexistence_recheck{30000};  // while refusing the node
   std::chrono::milliseconds first_backoff{1000};

@@ -160,7 +160,8 @@ std::string PassStamp(const RunProcess& run) {
   return at == std::string::npos ? std::string() : metrics.substr(at, metrics.find('\n', at + 1) - at);
 }
 
-// API requests of `run` in steady state (target 0), production defaults (resync 10 s, plugin rescan 60 s; udev
+// API requests of `run` in steady state (target 0), production defaults but for a 10 s resync (six times the
+// default's passes, so more chances to send something; plugin rescan 60 s; udev
 // off: the simulated node raises none) against the fake API server. Counted: requests from start to ready,
 // from ready until the start's condition and events have gone out (the condition patched, then no request
 // for 3 s, three times the rate limiter's 1 s between writes), and over the steady window (the iteration
