@@ -73,10 +73,10 @@ kernel_package() {
     local memo=$CACHE/kernel-package pkg
     if [ -s "$memo" ] && [ -z "$(find "$memo" -mmin +1440)" ]; then cat "$memo"; return; fi
     local query=(apt-cache depends linux-image-amd64)
-    pkg=$("${query[@]}" 2> /dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+    pkg=$("${query[@]}" 2> /dev/null | awk '/Depends: linux-image-[0-9]/ && pkg == "" { pkg = $2 } END { print pkg }')
     if [ -z "$pkg" ] && [ "$(id -u)" = 0 ]; then   # fresh machine: no or stale package lists yet
         apt-get -o DPkg::Lock::Timeout=600 -q update > "$CACHE/apt-update.log" 2>&1 || true
-        pkg=$("${query[@]}" 2> /dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+        pkg=$("${query[@]}" 2> /dev/null | awk '/Depends: linux-image-[0-9]/ && pkg == "" { pkg = $2 } END { print pkg }')
     fi
     if [ -n "$pkg" ]; then echo "$pkg" > "$memo"; echo "$pkg"; fi
 }
@@ -115,7 +115,7 @@ prepare_kernel() {
     done
     depmod -b "$dir/modules" "$kver"
     local off
-    off=$(LC_ALL=C grep -obUaP '\xFD7zXZ\x00' "$unpacked/boot/vmlinuz-$kver" | head -1 | cut -d: -f1)
+    off=$(LC_ALL=C grep -m1 -obUaP '\xFD7zXZ\x00' "$unpacked/boot/vmlinuz-$kver" | awk -F: 'NR == 1 { print $1 }')
     # Process substitution, not a pipe: xz stops reading after the stream and tail would die of SIGPIPE.
     xz -dc --single-stream < <(tail -c +$((off + 1)) "$unpacked/boot/vmlinuz-$kver") > "$dir/vmlinux"
     echo "$kver" > "$dir/kver"

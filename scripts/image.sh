@@ -51,7 +51,9 @@ mapfile -t packages < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' daemonset/package
 # for dlopen (libkmod.so.2) alike. A library from an unlisted package would be missing at run time.
 listed=" ${packages[*]%%=*} "
 for soname in $(grep -aoE 'lib[a-z0-9_+-]+\.so(\.[0-9]+)+|ld-linux-x86-64\.so\.2' "$agent" | sort -u); do
-  path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}')
+  # awk reads to the end: exiting at the first match would kill ldconfig with SIGPIPE, and pipefail would make
+  # that (timing-dependent) exit 141 the script's.
+  path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ && path == "" {path = $NF} END {print path}')
   [ -n "$path" ] || { echo "image.sh: $agent names $soname, which this machine does not have" >&2; exit 1; }
   pkg=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(readlink -f "$path")" 2>/dev/null || true)
   pkg=${pkg%%:*}
