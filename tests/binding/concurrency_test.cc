@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "support/wait.h"
 #include "support/sysfs_tree.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/common/worker_pool.h"
@@ -25,16 +26,9 @@
 namespace vfio_agent::binding {
 namespace {
 
-constexpr auto kGenerous = std::chrono::seconds(30);
+constexpr auto kGenerous = ::vfio_agent::testing::kGenerousWait;
 
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto limit = std::chrono::steady_clock::now() + kGenerous;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using ::vfio_agent::testing::WaitUntil;
 
 // Lets the writer blocked in open() of a FIFO with no reader through, and drains what it writes; the read end
 // stays open until the bytes arrive so the writer never meets a closed pipe (SIGPIPE).

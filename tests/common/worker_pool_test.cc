@@ -10,21 +10,14 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "support/wait.h"
 
 namespace vfio_agent {
 namespace {
 
-constexpr auto kGenerous = std::chrono::seconds(30);
+constexpr auto kGenerous = ::vfio_agent::testing::kGenerousWait;
 
-// Polls `done` until it holds or a generous limit passes: the worker side gets there on its own time.
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto limit = std::chrono::steady_clock::now() + kGenerous;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using ::vfio_agent::testing::WaitUntil;
 
 // A gate jobs block on until the test opens it; shared so a job may outlive the test's frame.
 struct Gate {

@@ -12,6 +12,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "support/wait.h"
 #include "support/sysfs_tree.h"
 #include "test_devices.h"
 
@@ -31,14 +32,7 @@ ResourceDevices TwoGpus() {
   return r;
 }
 
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + kPatience;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
+using ::vfio_agent::testing::WaitUntil;
 
 int ThreadsNamed(const std::string& name) {
   int n = 0;
