@@ -1,10 +1,8 @@
 #include "run_harness.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,25 +18,11 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "support/ports.h"
 
 extern char** environ;
 
 namespace vfio_agent::daemon::testing {
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -71,8 +55,8 @@ absl::StatusOr<std::unique_ptr<RunProcess>> RunProcess::Start(plugin::testing::N
                                                               const std::vector<std::string>& extra_args,
                                                               const std::vector<std::string>& extra_env) {
   std::unique_ptr<RunProcess> run(new RunProcess());
-  run->health_port_ = FreePort();
-  run->metrics_port_ = FreePort();
+  run->health_port_ = vfio_agent::testing::UnusedLoopbackPort();
+  run->metrics_port_ = vfio_agent::testing::UnusedLoopbackPort();
   run->log_ = node.kubelet_dir().parent_path() / "run.log";
   const char* binary = AgentBinary();
   std::vector<std::string> args = {binary,
@@ -136,7 +120,7 @@ std::optional<bool> RunProcess::Check(const std::string& service) const {
   auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
       "127.0.0.1:" + std::to_string(health_port_), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  context.set_deadline(std::chrono::system_clock::now() + kPatience);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;

@@ -20,9 +20,6 @@ namespace vfio_agent::daemon::testing {
 
 inline constexpr std::chrono::seconds kPatience{30};
 
-// A TCP port nothing listens on now (the kernel's choice for port 0).
-int FreePort();
-
 // Polls `done` every 10 ms until it holds or `timeout` passes.
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout = kPatience);
 

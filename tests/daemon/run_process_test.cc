@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kube_api_sim.h"
 #include "run_harness.h"
+#include "support/ports.h"
 
 namespace vfio_agent::daemon::testing {
 namespace {
@@ -44,12 +45,47 @@ class RunProcessTest : public ::testing::Test {
     }
     return true;
   }
+  // The fake kube-apiserver for this test, and a kubeconfig that points at it; returns the kubeconfig's path.
+  std::string StartApi(sim::KubeApiSimOptions options = {.nodes = {"node-a"}}) {
+    auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), options);
+    if (!api.ok()) throw std::runtime_error(api.status().ToString());
+    api_ = *std::move(api);
+    auto kubeconfig = api_->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
+    if (!kubeconfig.ok()) throw std::runtime_error(kubeconfig.status().ToString());
+    return kubeconfig->string();
+  }
+  // node-a's GPUPassthroughReady condition; an empty object until the agent has written one.
+  nlohmann::json ReadyCondition() {
+    auto node = api_->Node("node-a");
+    if (!node.ok()) return nlohmann::json::object();
+    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
+      if (c.value("type", "") == "GPUPassthroughReady") return c;
+    }
+    return nlohmann::json::object();
+  }
+  bool ConditionIs(const std::string& status, const std::string& reason) {
+    const nlohmann::json c = ReadyCondition();
+    return c.value("status", "") == status && c.value("reason", "") == reason;
+  }
+  // The stored Events with this reason whose note names `about` (any note when it is empty).
+  std::vector<nlohmann::json> EventsWith(const std::string& reason, const std::string& about = "") {
+    std::vector<nlohmann::json> found;
+    auto events = api_->Events();
+    if (!events.ok()) return found;
+    for (const auto& event : *events) {
+      if (event.value("reason", "") == reason && event.value("note", "").find(about) != std::string::npos) {
+        found.push_back(event);
+      }
+    }
+    return found;
+  }
   void TearDown() override {
     if (HasFailure() && run_) std::cerr << "--- run.log ---\n" << run_->Log() << "--- end ---\n";
   }
 
   std::unique_ptr<Node> node_;
   std::unique_ptr<RunProcess> run_;
+  std::unique_ptr<sim::KubeApiSim> api_;
 };
 
 TEST_F(RunProcessTest, FirstStartBindsEightGpusAndBecomesReady) {
@@ -110,58 +146,28 @@ TEST_F(RunProcessTest, HotAddedGpuIsBoundAndAdvertised) {
 TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
   if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
   Boot();
-  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
-  ASSERT_TRUE(api.ok()) << api.status();
-  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
-  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-  StartRun({"--kubeconfig", kubeconfig->string(), "--resync-interval", "200"}, {"NODE_NAME=node-a"});
+  StartRun({"--kubeconfig", StartApi(), "--resync-interval", "200"}, {"NODE_NAME=node-a"});
   ASSERT_TRUE(run_->WaitReady());
-  auto condition = [&](const std::string& status, const std::string& reason) {
-    auto node = (*api)->Node("node-a");
-    if (!node.ok()) return false;
-    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
-      if (c.value("type", "") == "GPUPassthroughReady") return c.value("status", "") == status && c.value("reason", "") == reason;
-    }
-    return false;
-  };
-  EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
 
   ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 EIO").ok());
   ASSERT_TRUE(node_->Control("set-driver 0000:18:00.0 none").ok());
   EXPECT_TRUE(run_->WaitReady(false));
   EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_not_ready{check=\"devices.bound\"} 1"));
-  EXPECT_TRUE(WaitUntil([&] { return condition("False", "DeviceNotBound"); }));
-  EXPECT_TRUE(WaitUntil([&] {
-    auto events = (*api)->Events();
-    if (!events.ok()) return false;
-    for (const auto& event : *events) {
-      if (event.value("reason", "") == "BindBlocked" && event.value("note", "").find("0000:18:00.0") != std::string::npos) {
-        return true;
-      }
-    }
-    return false;
-  }));
-  auto node = (*api)->Node("node-a");
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("False", "DeviceNotBound"); }));
+  auto node = api_->Node("node-a");
   ASSERT_TRUE(node.ok());
   EXPECT_THAT(node->dump(), HasSubstr("devices.bound"));
-  auto event_about = [&](const std::string& reason) {
-    return WaitUntil([&] {
-      auto events = (*api)->Events();
-      if (!events.ok()) return false;
-      for (const auto& event : *events) {
-        if (event.value("reason", "") == reason && event.value("note", "").find("0000:18:00.0") != std::string::npos) {
-          return true;
-        }
-      }
-      return false;
-    });
+  auto event_about_gpu = [&](const std::string& reason) {
+    return WaitUntil([&] { return !EventsWith(reason, "0000:18:00.0").empty(); });
   };
-  EXPECT_TRUE(event_about("DeviceLost"));
+  EXPECT_TRUE(event_about_gpu("BindBlocked"));
+  EXPECT_TRUE(event_about_gpu("DeviceLost"));
 
   ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 0").ok());
   EXPECT_TRUE(run_->WaitReady());
-  EXPECT_TRUE(WaitUntil([&] { return condition("True", "AllDevicesReady"); }));
-  EXPECT_TRUE(event_about("DeviceRecovered"));
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+  EXPECT_TRUE(event_about_gpu("DeviceRecovered"));
 }
 
 // In steady state `run` sends the API nothing: the condition only when it changes, labels only while it
@@ -169,13 +175,9 @@ TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
 TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
   if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
   Boot();
-  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
-  ASSERT_TRUE(api.ok()) << api.status();
-  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
-  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a", "--resync-interval", "100"});
+  StartRun({"--kubeconfig", StartApi(), "--node-name", "node-a", "--resync-interval", "100"});
   ASSERT_TRUE(run_->WaitReady());
-  ASSERT_TRUE(WaitUntil([&] { return (*api)->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return api_->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
   // Everything the start produced (condition, events) has gone out once the event writes stop changing.
   auto pass_stamp = [&] {
     const std::string metrics = run_->Metrics();
@@ -191,13 +193,13 @@ TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
   };
   size_t settled = 0;
   ASSERT_TRUE(WaitUntil([&] {
-    const size_t now = (*api)->Log().size();
+    const size_t now = api_->Log().size();
     const bool same = now == settled;
     settled = now;
     return same && wait_passes(3);
   }));
   ASSERT_TRUE(wait_passes(10));
-  EXPECT_EQ((*api)->Log().size(), settled);
+  EXPECT_EQ(api_->Log().size(), settled);
 }
 
 // A kubelet restart while `run` serves: the plugin registers again and the Node gets a KubeletRestarted
@@ -205,23 +207,10 @@ TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
 TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {
   if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
   Boot();
-  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {"node-a"}});
-  ASSERT_TRUE(api.ok()) << api.status();
-  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
-  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a"});
+  StartRun({"--kubeconfig", StartApi(), "--node-name", "node-a"});
   ASSERT_TRUE(run_->WaitReady());
   ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
-  auto restart_events = [&] {
-    std::vector<nlohmann::json> found;
-    auto events = (*api)->Events();
-    if (events.ok()) {
-      for (const auto& event : *events) {
-        if (event.value("reason", "") == "KubeletRestarted") found.push_back(event);
-      }
-    }
-    return found;
-  };
+  auto restart_events = [&] { return EventsWith("KubeletRestarted"); };
   ASSERT_TRUE(restart_events().empty());
   auto restart_and_reregister = [&] {
     if (!node_->kubelet().Restart().ok()) return false;
@@ -254,7 +243,7 @@ TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {
   const std::vector<nlohmann::json> after = restart_events();
   ASSERT_EQ(after.size(), 1u) << "a second KubeletRestarted object instead of a series";
   EXPECT_EQ(after.front()["metadata"].value("name", ""), name);
-  EXPECT_EQ((*api)->Count("PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/" + name, "200"), 1u);
+  EXPECT_EQ(api_->Count("PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/" + name, "200"), 1u);
   EXPECT_TRUE(run_->WaitReady());
 }
 
@@ -263,7 +252,7 @@ TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {
   const auto kubeconfig = node_->kubelet_dir().parent_path() / "kubeconfig";
   std::ofstream(kubeconfig) << "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
                                "clusters: [{name: k, cluster: {server: \"http://127.0.0.1:"
-                            << FreePort()
+                            << vfio_agent::testing::UnusedLoopbackPort()
                             << "\"}}]\nusers: [{name: u, user: {token: t}}]\n"
                                "contexts: [{name: c, context: {cluster: k, user: u}}]\n";
   StartRun({"--kubeconfig", kubeconfig.string(), "--node-name", "node-a"});
@@ -295,22 +284,13 @@ TEST_F(RunProcessTest, OperatorsSandboxPluginPresentRefusesTheNode) {
 TEST_F(RunProcessTest, OperatorLabelOnTheNodeRefusesItWithTheConditionReason) {
   if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
   Boot();
-  auto api = sim::KubeApiSim::Start(node_->kubelet_dir().parent_path(), {.nodes = {}});
-  ASSERT_TRUE(api.ok()) << api.status();
-  ASSERT_TRUE((*api)->Control(R"(node node-a {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"})").ok());
-  auto kubeconfig = (*api)->WriteKubeconfig(node_->kubelet_dir().parent_path() / "kubeconfig");
-  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-  StartRun({"--kubeconfig", kubeconfig->string(), "--node-name", "node-a"});
+  const std::string kubeconfig = StartApi({.nodes = {}});
+  ASSERT_TRUE(api_->Control(R"(node node-a {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"})").ok());
+  StartRun({"--kubeconfig", kubeconfig, "--node-name", "node-a"});
   EXPECT_TRUE(WaitUntil([&] {
-    auto node = (*api)->Node("node-a");
-    if (!node.ok()) return false;
-    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
-      if (c.value("type", "") == "GPUPassthroughReady") {
-        return c.value("status", "") == "False" && c.value("reason", "") == "OperatorStillManagesNode" &&
-               c.value("message", "").find("nvidia.com/gpu.deploy.sandbox-device-plugin") != std::string::npos;
-      }
-    }
-    return false;
+    return ConditionIs("False", "OperatorStillManagesNode") &&
+           ReadyCondition().value("message", "").find("nvidia.com/gpu.deploy.sandbox-device-plugin") !=
+               std::string::npos;
   }));
   EXPECT_EQ(run_->Check(), std::optional<bool>(false));
   for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*node_, bdf), "nvidia") << bdf;

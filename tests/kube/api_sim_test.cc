@@ -4,6 +4,7 @@
 #include "api_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "nlohmann/json.hpp"
 #include "support/sysfs_tree.h"
@@ -14,18 +15,15 @@ namespace {
 using Json = nlohmann::json;
 using sim::KubeApiSim;
 using ::testing::HasSubstr;
-using vfio_agent::testing::TempDir;
 
 constexpr std::chrono::seconds kTimeout(10);
 constexpr char kEvents[] = "/apis/events.k8s.io/v1/namespaces/default/events";
 
-class ApiSimTest : public ::testing::Test {
+class ApiSimTest : public testing::KubeApiSimTest {
  protected:
   void SetUp() override {
-    if (!KubeApiSim::Available()) GTEST_SKIP() << "python3 not found";
-    auto api = KubeApiSim::Start(dir_.path());
-    ASSERT_TRUE(api.ok()) << api.status();
-    api_ = *std::move(api);
+    testing::KubeApiSimTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     client_ = std::make_unique<ApiClient>(ClusterConfig{.server = api_->url(), .token = api_->token()});
   }
 
@@ -44,8 +42,6 @@ class ApiSimTest : public ::testing::Test {
             {"type", "Normal"}, {"regarding", {{"kind", "Node"}, {"name", "node-a"}}}};
   }
 
-  TempDir dir_;
-  std::unique_ptr<KubeApiSim> api_;
   std::unique_ptr<ApiClient> client_;
 };
 

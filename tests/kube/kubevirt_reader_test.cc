@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "support/sysfs_tree.h"
 
@@ -52,13 +53,11 @@ class ServiceEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-class KubevirtReaderTest : public ::testing::Test {
+class KubevirtReaderTest : public testing::KubeApiSimTest {
  protected:
   void SetUp() override {
-    if (!KubeApiSim::Available()) GTEST_SKIP() << "python3 not found";
-    auto api = KubeApiSim::Start(dir_.path());
-    ASSERT_TRUE(api.ok()) << api.status();
-    api_ = *std::move(api);
+    testing::KubeApiSimTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
     ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
     auto reader = ConnectKubevirtReader({.kubeconfig = *kubeconfig});
@@ -66,8 +65,6 @@ class KubevirtReaderTest : public ::testing::Test {
     reader_ = *std::move(reader);
   }
 
-  TempDir dir_;
-  std::unique_ptr<KubeApiSim> api_;
   std::unique_ptr<KubevirtReader> reader_;
 };
 

@@ -12,7 +12,6 @@ namespace vfio_agent::validation {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::ClusterNode;
 using testing::FindCheck;
 using testing::kH200;
 using testing::kH200Gpus;
@@ -21,23 +20,11 @@ using testing::ScriptedPlugin;
 using namespace std::chrono_literals;
 
 
-class ClusterKubeletTest : public ::testing::Test {
+class ClusterKubeletTest : public testing::ClusterNodeTest {
  protected:
-  void SetUp() override {
-    auto node = ClusterNode::Create();
-    ASSERT_TRUE(node.ok()) << node.status();
-    node_ = *std::move(node);
-  }
-  void Serve() {
-    ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
-    ASSERT_TRUE(node_->StartKubelet().ok());
-    ASSERT_TRUE(node_->StartAgent().ok());
-    ASSERT_TRUE(node_->WaitForKubelet(kH200, 8, 8)) << node_->kubelet().DescribeNode();
-  }
   std::vector<Check> Run(const std::set<std::string>& remembered = {}) {
     return KubeletChecks(node_->View(remembered), node_->paths.pod_resources_socket, kWait);
   }
-  std::unique_ptr<ClusterNode> node_;
 };
 
 TEST_F(ClusterKubeletTest, NoPodResourcesSocketSkipsWithWhy) {

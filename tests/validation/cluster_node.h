@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -209,6 +210,24 @@ class ClusterNode {
   std::unique_ptr<pci::Selection> selection_;
   std::unique_ptr<plugin::DeviceSnapshot> snapshot_;
   NodeView view_;
+};
+
+// A fresh simulated 8x H200 node per test; Serve() brings it to the state most cluster checks start from.
+class ClusterNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto node = ClusterNode::Create();
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = *std::move(node);
+  }
+  // Every GPU bound, the kubelet up and the agent registered with all 8 healthy.
+  void Serve() {
+    ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+    ASSERT_TRUE(node_->StartKubelet().ok());
+    ASSERT_TRUE(node_->StartAgent().ok());
+    ASSERT_TRUE(node_->WaitForKubelet(kH200, 8, 8)) << node_->kubelet().DescribeNode();
+  }
+  std::unique_ptr<ClusterNode> node_;
 };
 
 }  // namespace vfio_agent::validation::testing

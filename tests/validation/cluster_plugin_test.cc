@@ -12,7 +12,6 @@ namespace vfio_agent::validation {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::ClusterNode;
 using testing::FindCheck;
 using testing::kH200;
 using testing::kH200Gpus;
@@ -21,22 +20,7 @@ using testing::ScriptedPlugin;
 using namespace std::chrono_literals;
 
 
-class ClusterPluginTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto node = ClusterNode::Create();
-    ASSERT_TRUE(node.ok()) << node.status();
-    node_ = *std::move(node);
-  }
-  // Every GPU bound, the kubelet up and the agent registered with all 8 healthy.
-  void Serve() {
-    ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
-    ASSERT_TRUE(node_->StartKubelet().ok());
-    ASSERT_TRUE(node_->StartAgent().ok());
-    ASSERT_TRUE(node_->WaitForKubelet(kH200, 8, 8)) << node_->kubelet().DescribeNode();
-  }
-  std::unique_ptr<ClusterNode> node_;
-};
+using ClusterPluginTest = testing::ClusterNodeTest;
 
 TEST_F(ClusterPluginTest, ServedNodePassesEveryPluginCheck) {
   Serve();

@@ -6,10 +6,7 @@
 
 #include <sched.h>
 #include <signal.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +23,7 @@
 #include "grpcpp/client_context.h"
 #include "plugin_harness.h"
 #include "spdlog/spdlog.h"
+#include "support/ports.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 
 namespace vfio_agent::plugin::testing {
@@ -562,19 +560,6 @@ int ThreadCount(pid_t pid) {
   return n;
 }
 
-// A TCP port nothing listens on now, for `run`'s health and metrics servers.
-int UnusedTcpPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(fd);
-  return ok ? ntohs(address.sin_port) : 0;
-}
-
 // Idle cost with the production defaults (no --rescan-interval; udev on, which on the simulator hears only the
 // host's own PCI events): the agent's CPU over VA_IDLE_SECONDS (default 20) once registered on the idle 8-GPU
 // node. schedstat counts nanoseconds; utime+stime would count 10 ms ticks. Exited threads of the interval
@@ -604,7 +589,7 @@ void BM_IdleCpu(benchmark::State& state) {
   for (auto _ : state) {
     const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
                       kdir = dir.path().string(), pod_resources = kubelet_options.pod_resources_socket.string(),
-                      health_port = std::to_string(UnusedTcpPort()), metrics_port = std::to_string(UnusedTcpPort());
+                      health_port = std::to_string(vfio_agent::testing::UnusedLoopbackPort()), metrics_port = std::to_string(vfio_agent::testing::UnusedLoopbackPort());
     std::vector<const char*> argv = {binary, run ? "run" : "serve", "--sysfs-root", sysfs.c_str(), "--dev-root",
                                      dev.c_str(), "--kubelet-dir", kdir.c_str(), "--log-level", "warn"};
     if (run) {

@@ -27,6 +27,9 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kResource[] = "example.com/gpu";
+// How long a test waits for what must happen: it ends only a test that is failing anyway, so it is generous
+// enough for a machine that is busy with something else.
+constexpr std::chrono::milliseconds kPatience = 30s;
 
 std::chrono::system_clock::time_point Deadline(std::chrono::milliseconds from_now) {
   return std::chrono::system_clock::now() + from_now;
@@ -278,7 +281,7 @@ TEST_F(KubeletSimTest, RegisterDialsBackAndConsumesListAndWatch) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   // The options were fetched inside Register, before the reply (R3).
   EXPECT_EQ(plugin.options_calls.load(), 1);
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience)) << sim.DescribeNode();
 
   const ResourceState state = State(sim);
   EXPECT_EQ(state.registrations, 1);
@@ -305,7 +308,7 @@ TEST_F(KubeletSimTest, RegisterDialsBackAndConsumesListAndWatch) {
 
   sim.Stop();  // returns (rather than hangs) with a live stream open
   EXPECT_FALSE(fs::exists(sim.kubelet_socket()));
-  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, 2000ms));
+  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, kPatience));
 }
 
 TEST_F(KubeletSimTest, RejectsUnsupportedVersionWithTheKubeletsMessage) {
@@ -356,24 +359,24 @@ TEST_F(KubeletSimTest, EachListReplacesTheSetAndRepeatsAndDuplicatesAreCounted) 
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices());
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
 
   plugin.SetDevices({Dev("a0"), Dev("a1", "Unhealthy")});
-  ASSERT_TRUE(sim.WaitFor(Has(2, 1, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(2, 1, true), kPatience)) << sim.DescribeNode();
   EXPECT_EQ(State(sim).identical_repeats, 0);
 
   plugin.Resend();
-  ASSERT_TRUE(sim.WaitFor([](const KubeletSim& s) { return State(s).list_updates == 3; }, 2000ms));
+  ASSERT_TRUE(sim.WaitFor([](const KubeletSim& s) { return State(s).list_updates == 3; }, kPatience));
   EXPECT_EQ(State(sim).identical_repeats, 1);
 
   // A duplicated ID lands in both sets; health is matched exactly ("healthy" is unhealthy).
   plugin.SetDevices({Dev("a0"), Dev("a0", "Unhealthy"), Dev("a1", "healthy")});
-  ASSERT_TRUE(sim.WaitFor(Has(3, 1, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(3, 1, true), kPatience)) << sim.DescribeNode();
   EXPECT_EQ(State(sim).duplicate_ids, 1);
   EXPECT_EQ(State(sim).unhealthy, (std::vector<std::string>{"a0", "a1"}));
 
   plugin.SetDevices({});
-  ASSERT_TRUE(sim.WaitFor(Has(0, 0, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(0, 0, true), kPatience)) << sim.DescribeNode();
 }
 
 TEST_F(KubeletSimTest, StreamEndMakesEverythingUnhealthyAndGraceExpiryRemovesTheResource) {
@@ -385,11 +388,11 @@ TEST_F(KubeletSimTest, StreamEndMakesEverythingUnhealthyAndGraceExpiryRemovesThe
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices());
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
 
   ASSERT_TRUE(sim.CloseStream(kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 0, false), 2000ms)) << sim.DescribeNode();
-  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 0, false), kPatience)) << sim.DescribeNode();
+  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, kPatience));
   EXPECT_NE(FindEvent(sim.Events(), "stream_end"), nullptr);
   EXPECT_TRUE(fs::exists(sim.kubelet_socket()));
   EXPECT_EQ(sim.CloseStream(kResource).code(), absl::StatusCode::kNotFound);
@@ -407,7 +410,7 @@ TEST_F(KubeletSimTest, StreamEndMakesEverythingUnhealthyAndGraceExpiryRemovesThe
   StubPlugin again(Sock("stub-b.sock"), FourDevices());
   again.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-b.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience)) << sim.DescribeNode();
   EXPECT_EQ(State(sim).registrations, 2);
 }
 
@@ -417,9 +420,9 @@ TEST_F(KubeletSimTest, PluginShutdownEndsTheStream) {
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices());
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
   plugin.Stop();
-  ASSERT_TRUE(sim.WaitFor(Has(4, 0, false), 3000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(4, 0, false), kPatience)) << sim.DescribeNode();
 }
 
 class TakeoverTest : public KubeletSimTest, public ::testing::WithParamInterface<Mode> {};
@@ -433,19 +436,19 @@ TEST_P(TakeoverTest, OldStreamEndHitsTheNewClientOnlyWhenResourceKeyed) {
   StubPlugin old_instance(Sock("old.sock"), FourDevices());
   old_instance.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "old.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
   StubPlugin new_instance(Sock("new.sock"), {Dev("a0"), Dev("a1")});
   new_instance.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "new.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), kPatience)) << sim.DescribeNode();
   EXPECT_EQ(State(sim).endpoint, Sock("new.sock").string());
 
   old_instance.Stop();
   if (GetParam() == Mode::kResourceKeyed) {
-    ASSERT_TRUE(sim.WaitFor(Has(2, 0, false), 3000ms)) << sim.DescribeNode();
-    EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return new_instance.streams_ended.load() == 1; }, 2000ms));
+    ASSERT_TRUE(sim.WaitFor(Has(2, 0, false), kPatience)) << sim.DescribeNode();
+    EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return new_instance.streams_ended.load() == 1; }, kPatience));
   } else {
-    ASSERT_TRUE(sim.WaitFor([&](const KubeletSim&) { return old_instance.streams_ended.load() == 1; }, 2000ms));
+    ASSERT_TRUE(sim.WaitFor([&](const KubeletSim&) { return old_instance.streams_ended.load() == 1; }, kPatience));
     // What must NOT happen (the new registration dropped) has no event to wait for; a slow machine can only
     // make this grace too short to catch a regression, never fail a correct simulator.
     std::this_thread::sleep_for(200ms);
@@ -464,7 +467,7 @@ TEST_F(KubeletSimTest, RestartDeletesSocketsThenListensAfterTheDelay) {
   StubPlugin plugin(Sock("stub-a.sock"), FourDevices());
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
   { std::ofstream(Sock("kubelet_internal_checkpoint")) << "{}"; }
   { std::ofstream(Sock("notes.txt")) << "x"; }
 
@@ -481,7 +484,7 @@ TEST_F(KubeletSimTest, RestartDeletesSocketsThenListensAfterTheDelay) {
   EXPECT_GE(listening - deleted, 150ms);
   EXPECT_TRUE(fs::exists(Sock("kubelet_internal_checkpoint")));
   EXPECT_TRUE(fs::exists(Sock("notes.txt")));
-  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, 2000ms));
+  EXPECT_TRUE(sim.WaitFor([&](const KubeletSim&) { return plugin.streams_ended.load() == 1; }, kPatience));
 
   // Checkpoint semantics: a stopped endpoint with empty sets.
   EXPECT_TRUE(Has(0, 0, false)(sim)) << sim.DescribeNode();
@@ -497,7 +500,7 @@ TEST_F(KubeletSimTest, RestartDeletesSocketsThenListensAfterTheDelay) {
   StubPlugin again(Sock("stub-b.sock"), FourDevices());
   again.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-b.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience)) << sim.DescribeNode();
 }
 
 TEST_F(KubeletSimTest, LegacyModeRepliesAtOnceAndUsesTheRequestOptions) {
@@ -513,7 +516,7 @@ TEST_F(KubeletSimTest, LegacyModeRepliesAtOnceAndUsesTheRequestOptions) {
   // Register succeeds although nothing serves the endpoint yet: the kubelet <= 1.24 dials asynchronously.
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource, "v1beta1", /*preferred_in_request=*/true).ok());
   plugin.Start();
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 5000ms)) << sim.DescribeNode();
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience)) << sim.DescribeNode();
   EXPECT_EQ(plugin.options_calls.load(), 0);
   EXPECT_TRUE(State(sim).options.get_preferred_allocation_available());
 }
@@ -526,7 +529,7 @@ TEST_F(KubeletSimTest, AdmissionCallsPreferredThenAllocateWithOneContainerReques
                     /*preferred=*/true);
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 4, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 4, true), kPatience));
 
   // NUMA 0 holds two free devices for a request of one: the plugin chooses among them (R19 case A).
   auto p1 = sim.Admit(PodSpec{"p1", {{kResource, 1}}});
@@ -579,7 +582,7 @@ TEST_F(KubeletSimTest, PreferredAnswerIsIntersectedWithCandidatesAndShortfallFil
   plugin.set_prefer([](const auto&) { return std::vector<std::string>{"bogus", "b3"}; });
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 4, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 4, true), kPatience));
 
   auto pod = sim.Admit(PodSpec{"p", {{kResource, 2}}});
   ASSERT_TRUE(pod.ok()) << pod.status();
@@ -598,7 +601,7 @@ TEST_F(KubeletSimTest, NoPreferredCallWhenTheOptionIsOff) {
   StubPlugin plugin(Sock("stub-a.sock"), {Dev("b0"), Dev("b1"), Dev("b2")}, /*preferred=*/false);
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(3, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(3, 3, true), kPatience));
   auto pod = sim.Admit(PodSpec{"p", {{kResource, 2}}});
   ASSERT_TRUE(pod.ok()) << pod.status();
   EXPECT_EQ(plugin.preferred_calls.load(), 0);
@@ -613,7 +616,7 @@ TEST_F(KubeletSimTest, EmptyAllocateResponseFailsAdmissionAndFreesTheDevices) {
   plugin.set_empty_allocate(true);
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), kPatience));
   auto pod = sim.Admit(PodSpec{"p", {{kResource, 2}}});
   ASSERT_FALSE(pod.ok());
   EXPECT_EQ(pod.status().message().rfind("no containers return in allocation response", 0), 0u) << pod.status();
@@ -629,14 +632,14 @@ TEST_F(KubeletSimTest, PodResourcesReportsHealthyAllocatableAndPodDevicesPerNuma
                                           Dev("c2"), Dev("c3", "Unhealthy", {1})});
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(4, 3, true), kPatience));
 
   auto lister = ::v1::PodResourcesLister::NewStub(grpc::CreateChannel(
       "unix:" + Opts().pod_resources_socket.string(), grpc::InsecureChannelCredentials()));
   std::vector<std::string> entries;
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(5000ms));
+    ctx.set_deadline(Deadline(kPatience));
     ::v1::AllocatableResourcesResponse response;
     ASSERT_TRUE(lister->GetAllocatableResources(&ctx, {}, &response).ok());
     for (const auto& d : response.devices()) {
@@ -654,7 +657,7 @@ TEST_F(KubeletSimTest, PodResourcesReportsHealthyAllocatableAndPodDevicesPerNuma
   ASSERT_TRUE(pod.ok()) << pod.status();
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(5000ms));
+    ctx.set_deadline(Deadline(kPatience));
     ::v1::ListPodResourcesResponse response;
     ASSERT_TRUE(lister->List(&ctx, {}, &response).ok());
     ASSERT_EQ(response.pod_resources_size(), 1);
@@ -667,7 +670,7 @@ TEST_F(KubeletSimTest, PodResourcesReportsHealthyAllocatableAndPodDevicesPerNuma
   }
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(5000ms));
+    ctx.set_deadline(Deadline(kPatience));
     ::v1::GetPodResourcesRequest request;
     request.set_pod_name("absent");
     request.set_pod_namespace("default");
@@ -684,19 +687,19 @@ TEST_F(KubeletSimTest, FrozenUpdatesLeaveAStaleViewInResourcesAndPodResources) {
   StubPlugin plugin(Sock("stub-a.sock"), {Dev("d0"), Dev("d1")});
   plugin.Start();
   ASSERT_TRUE(Register(sim.kubelet_socket(), "stub-a.sock", kResource).ok());
-  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), 2000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(2, 2, true), kPatience));
   EXPECT_EQ(sim.FreezeUpdates("example.com/absent", true).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(sim.FreezeUpdates(kResource, true).ok());
 
   plugin.SetDevices({Dev("d0"), Dev("d1", "Unhealthy")});
   ASSERT_TRUE(sim.WaitFor([](const KubeletSim& k) { return FindEvent(k.Events(), "list_ignored") != nullptr; },
-                          5000ms));
+                          kPatience));
   EXPECT_EQ(sim.Resources().at(kResource).healthy, (std::vector<std::string>{"d0", "d1"}));
   auto lister = ::v1::PodResourcesLister::NewStub(grpc::CreateChannel(
       "unix:" + Opts().pod_resources_socket.string(), grpc::InsecureChannelCredentials()));
   auto allocatable_ids = [&] {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(5000ms));
+    ctx.set_deadline(Deadline(kPatience));
     ::v1::AllocatableResourcesResponse response;
     EXPECT_TRUE(lister->GetAllocatableResources(&ctx, {}, &response).ok());
     std::vector<std::string> ids;
@@ -708,7 +711,7 @@ TEST_F(KubeletSimTest, FrozenUpdatesLeaveAStaleViewInResourcesAndPodResources) {
 
   ASSERT_TRUE(sim.FreezeUpdates(kResource, false).ok());
   plugin.Resend();
-  ASSERT_TRUE(sim.WaitFor(Has(2, 1, true), 5000ms));
+  ASSERT_TRUE(sim.WaitFor(Has(2, 1, true), kPatience));
   EXPECT_EQ(allocatable_ids(), (std::vector<std::string>{"d0"}));
 }
 
