@@ -71,7 +71,13 @@ Metrics::Metrics()
       api_(BuildGauge()
                .Name("vfio_gpu_agent_kube_api")
                .Help("Kubernetes API client counters since start (requests, failures, condition patches, events)")
-               .Register(*registry_)) {}
+               .Register(*registry_)),
+      api_pending_writes_(BuildGauge()
+                              .Name("vfio_gpu_agent_kube_api_pending_writes")
+                              .Help("Writes the API server has not accepted yet, in flight included (the node "
+                                    "condition, distinct events)")
+                              .Register(*registry_)
+                              .Add({})) {}
 
 Metrics::~Metrics() = default;
 
@@ -142,6 +148,7 @@ void Metrics::SetApiStats(const kube::ReporterStats& stats) {
   api_.Add({{"counter", "events_created"}}).Set(static_cast<double>(stats.events_created));
   api_.Add({{"counter", "events_updated"}}).Set(static_cast<double>(stats.events_updated));
   api_.Add({{"counter", "events_dropped"}}).Set(static_cast<double>(stats.events_dropped));
+  api_pending_writes_.Set(static_cast<double>(stats.pending_writes));
 }
 
 void Metrics::OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) {

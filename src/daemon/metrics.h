@@ -59,6 +59,7 @@ class Metrics final : public plugin::AgentObserver {
   prometheus::Family<prometheus::Histogram>& allocate_seconds_;
   prometheus::Family<prometheus::Gauge>& validation_;
   prometheus::Family<prometheus::Gauge>& api_;
+  prometheus::Gauge& api_pending_writes_;
 
   std::mutex mu_;  // the label sets below are replaced as a whole
   std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_;

@@ -172,7 +172,9 @@ class NodeReporterImpl final : public NodeReporter {
 
   ReporterStats Stats() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
+    ReporterStats stats = stats_;
+    stats.pending_writes = events_.size() + (ConditionDue() ? 1 : 0);
+    return stats;
   }
 
  private:

@@ -232,6 +232,7 @@ TEST_F(ReporterTest, QueueIsBoundedAndDropsAreCounted) {
   for (int i = 0; i < 10; ++i) reporter->RecordEvent(EventType::kNormal, "R", "Testing", absl::StrCat("n", i));
   reporter->RecordEvent(EventType::kNormal, "R", "Testing", "first");  // a repeat joins the queued one: not a drop
   EXPECT_EQ(reporter->Stats().events_dropped, 7u);
+  EXPECT_EQ(reporter->Stats().pending_writes, 4u);  // the queue, its first event (in flight) included
   reporter.reset();  // returns although its request hangs
   ASSERT_TRUE(api_->Control("release").ok());
 }
@@ -276,9 +277,11 @@ TEST_F(ReporterTest, ServerErrorsAreRetriedWithBackoffAndLoggedOnce) {
   reporter->SetCondition(kReady);
   for (auto backoff : {1s, 2s, 4s}) {
     ASSERT_TRUE(WaitForTimedSleep());
+    EXPECT_EQ(reporter->Stats().pending_writes, 1u);  // the condition, until the API accepts it
     clock_.Advance(backoff);
   }
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  EXPECT_EQ(reporter->Stats().pending_writes, 0u);
   spdlog::default_logger()->sinks().pop_back();
   EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), (std::vector<std::string>{"503", "503", "503", "200"}));
   EXPECT_EQ(reporter->Stats().failures, 3u);

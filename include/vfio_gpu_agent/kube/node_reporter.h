@@ -34,6 +34,9 @@ struct ReporterStats {
   uint64_t events_created = 0;   // new Event objects
   uint64_t events_updated = 0;   // series updates of an existing Event
   uint64_t events_dropped = 0;   // over the rate limit queue bound
+  // Not counters: the writes the API has not accepted yet, in flight included (the node condition when it
+  // differs from the stored one, and each distinct event in the queue). 0 = the API holds what the agent said.
+  uint64_t pending_writes = 0;
 };
 
 class NodeReporter {
