@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 
 namespace vfio_agent {
 
@@ -32,6 +33,7 @@ struct WorkerPool::State {
 };
 
 void WorkerPool::WorkLoop(const std::shared_ptr<State>& state, std::function<void()> job) {
+  NameThisThread("va-worker");
   for (;;) {
     job();
     job = nullptr;  // the job's captures are released outside the lock
@@ -126,8 +128,10 @@ WorkerPool& ProcessWorkerPool() {
   // seven) and the daemon's steady state (one bind and its writes at a time) without reading as a thread
   // leak; a first bind pass over every group starts more, which exit once idle. Leaked on purpose (see the
   // header).
-  static WorkerPool* const pool = new WorkerPool(std::clamp(std::thread::hardware_concurrency(), 4u, 8u));
+  static WorkerPool* const pool = new WorkerPool(ProcessWorkerPoolIdleCap());
   return *pool;
 }
+
+size_t ProcessWorkerPoolIdleCap() { return std::clamp(std::thread::hardware_concurrency(), 4u, 8u); }
 
 }  // namespace vfio_agent

@@ -17,6 +17,7 @@
 #include "health_server.h"
 #include "metrics.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -190,7 +191,10 @@ absl::Status Daemon::Impl::Start() {
     return status;
   }
   started_ = true;
-  loop_ = std::thread([this] { Loop(); });
+  loop_ = std::thread([this] {
+    NameThisThread("va-reconcile");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@
 #include "curl_library.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 
 namespace vfio_agent::kube {
 namespace {
@@ -108,7 +109,10 @@ class NodeReporterImpl final : public NodeReporter {
         tokens_(options_.write_burst),
         refilled_at_(clock_.Now()),
         backoff_(options_.backoff_initial) {
-    worker_ = std::thread([this] { Run(); });
+    worker_ = std::thread([this] {
+      NameThisThread("va-kube-api");
+      Run();
+    });
   }
 
   ~NodeReporterImpl() override {

@@ -22,6 +22,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "resource_server.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "watchers.h"
@@ -193,8 +194,14 @@ absl::Status Agent::Impl::Start() {
     Reconcile();
   }
   started_ = true;
-  scanner_ = std::thread([this] { ScanLoop(); });
-  loop_ = std::thread([this] { Loop(); });
+  scanner_ = std::thread([this] {
+    NameThisThread("va-scan");
+    ScanLoop();
+  });
+  loop_ = std::thread([this] {
+    NameThisThread("va-plugin");
+    Loop();
+  });
   return absl::OkStatus();
 }
 
@@ -497,6 +504,7 @@ void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
   raw->reader = raw->stub->AsyncRegister(&raw->context, raw->request, &raw->queue);
   raw->reader->Finish(&raw->response, &raw->status, nullptr);
   raw->waiter = std::thread([this, raw] {
+    NameThisThread("va-register");
     void* tag = nullptr;
     bool ok = false;
     raw->queue.Next(&tag, &ok);  // the answer, or the deadline's or TryCancel's status

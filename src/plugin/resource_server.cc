@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 
 namespace vfio_agent::plugin::internal {
 struct ListPayload {
@@ -305,7 +306,10 @@ absl::Status ResourceServer::Start(const ResourceDevices& devices, bool iommufd)
   }
   socket_id_ = StatFileId(socket_);
   AwaitAll();
-  cq_thread_ = std::thread([this] { DrainQueue(*cq_); });
+  cq_thread_ = std::thread([this] {
+    NameThisThread("va-plugin-cq");
+    DrainQueue(*cq_);
+  });
   return absl::OkStatus();
 }
 

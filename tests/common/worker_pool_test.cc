@@ -7,10 +7,12 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "support/wait.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 
 namespace vfio_agent {
 namespace {
@@ -69,6 +71,25 @@ TEST(WorkerPoolTest, SequentialJobsReuseOneWorker) {
   std::lock_guard lock(mu);
   EXPECT_EQ(ids.size(), 1u);
   EXPECT_FALSE(ids.contains(std::this_thread::get_id()));
+}
+
+// The soak tells idle workers (kept, up to the cap) from the agent's other threads by this name.
+TEST(WorkerPoolTest, WorkersAreNamed) {
+  WorkerPool pool(1);
+  std::mutex mu;
+  std::string name;
+  bool ran = false;
+  pool.Submit([&] {
+    std::lock_guard lock(mu);
+    name = ThisThreadName();
+    ran = true;
+  });
+  ASSERT_TRUE(WaitUntil([&] {
+    std::lock_guard lock(mu);
+    return ran;
+  }));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(name, "va-worker");
 }
 
 TEST(WorkerPoolTest, BlockedWorkerDoesNotHoldUpTheNextJob) {

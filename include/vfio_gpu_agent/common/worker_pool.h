@@ -47,4 +47,7 @@ class WorkerPool {
 // kernel blocks forever keeps its worker, and exit() must neither join it nor free what it uses.
 WorkerPool& ProcessWorkerPool();
 
+// How many idle workers the process's pool keeps: the cores, 4 to 8.
+size_t ProcessWorkerPoolIdleCap();
+
 }  // namespace vfio_agent
