@@ -429,7 +429,10 @@ void Agent::Impl::Reconcile() {
       reason = "own socket removed (kubelet restart)";
     } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
       reason = "kubelet.sock re-created (kubelet restart)";
-    } else if (resource.stream_ended && resource.registered && resource.server->live_streams() == 0) {
+    } else if (resource.stream_ended && resource.server->live_streams() == 0) {
+      // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream that
+      // ends before the reply is processed voids that registration too, and the late OK (an older generation)
+      // is then dropped.
       reason = "ListAndWatch stream ended";
     }
     resource.stream_ended = false;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -22,7 +23,7 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 
-kubeletsim::ResourceState State(kubeletsim::KubeletSim& kubelet, const std::string& resource) {
+kubeletsim::ResourceState State(const kubeletsim::KubeletSim& kubelet, const std::string& resource) {
   auto resources = kubelet.Resources();
   auto it = resources.find(resource);
   return it == resources.end() ? kubeletsim::ResourceState{} : it->second;
@@ -128,6 +129,36 @@ TEST_F(PluginIntegrationTest, StreamCutWhileKubeletStaysReRegisters) {
         return r.registrations >= 2 && r.registered && r.allocatable == 8;
       },
       kPatience));
+}
+
+// The kubelet opens ListAndWatch before its Register reply reaches the plugin. A stream cut in that window (a
+// loaded node: the reply's thread not yet scheduled) must still re-register: taking the late OK as "registered"
+// leaves the agent serving an endpoint the kubelet has dropped, every GPU gone from the node until the next
+// kubelet restart (seen in the soak under stress-ng). The reply is held until the agent has re-registered, or
+// for 5 s: time enough for the agent to see the cut before the OK, and inside the agent's 15 s Register deadline,
+// which would otherwise fail the held call and re-register anyway.
+TEST_F(PluginIntegrationTest, StreamCutBeforeTheRegisterReplyReRegisters) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  std::atomic<bool> held{false};
+  auto cut_then_hold = [&](const std::string& resource) {
+    if (held.exchange(true)) return;  // only the first reply
+    kubeletsim::KubeletSim& kubelet = node_->kubelet();
+    auto state = [&](const kubeletsim::KubeletSim& k) { return State(k, resource); };
+    // The agent's stream is open: its first list has arrived.
+    ASSERT_TRUE(kubelet.WaitFor([&](const auto& k) { return state(k).list_updates >= 1; }, kPatience));
+    ASSERT_TRUE(kubelet.CloseStream(resource).ok());
+    kubelet.WaitFor([&](const auto& k) { return state(k).registrations >= 2; }, std::chrono::seconds(5));
+  };
+  ASSERT_TRUE(node_->StartKubelet({.before_register_reply = cut_then_hold}).ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = State(k, kH200);
+        return r.registrations >= 2 && r.registered && r.allocatable == 8;
+      },
+      kPatience))
+      << "registrations " << State(node_->kubelet(), kH200).registrations;
+  EXPECT_TRUE(held.load());
 }
 
 TEST_F(PluginIntegrationTest, LateBoundGpuAppears) {

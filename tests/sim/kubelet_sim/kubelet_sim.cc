@@ -235,6 +235,7 @@ grpc::Status KubeletSim::Impl::HandleRegister(const ::v1beta1::RegisterRequest& 
     return grpc::Status(grpc::StatusCode::UNKNOWN, std::string(client.status().message()));
   }
   Activate(*std::move(client));
+  if (options_.before_register_reply) options_.before_register_reply(resource);
   return grpc::Status::OK;
 }
 

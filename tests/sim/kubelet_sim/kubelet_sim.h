@@ -40,6 +40,10 @@ struct Options {
   std::function<std::chrono::steady_clock::time_point()> clock;
   // The kubelet sets no deadline on plugin RPCs; the simulator fails them after this long instead of hanging.
   std::chrono::milliseconds rpc_watchdog{10000};
+  // Runs on the Register handler's thread after the plugin's endpoint is active (its ListAndWatch stream
+  // starting), before the reply is sent: a reply that reaches the plugin only after its stream has begun, or
+  // ended. Resource-keyed modes only. Empty = reply at once.
+  std::function<void(const std::string& resource)> before_register_reply;
 };
 
 struct ResourceState {
