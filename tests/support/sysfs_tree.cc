@@ -94,6 +94,8 @@ TempDir::TempDir(std::string_view prefix) {
 TempDir::~TempDir() {
   std::error_code ec;
   stdfs::remove_all(path_, ec);
+  // Visible rather than a silent leftover in /tmp (e.g. a simulator still mounted on it).
+  if (ec) std::fprintf(stderr, "TempDir: cannot remove %s: %s\n", path_.c_str(), ec.message().c_str());
 }
 
 SysfsTree::SysfsTree(stdfs::path root) : root_(std::move(root)) {

@@ -75,13 +75,19 @@ class HostNode {
     return *std::move(report);
   }
 
-  Json json;
-  std::unique_ptr<sim::SimProcess> sim;
-  HostPaths paths;
+  HostNode(const HostNode&) = delete;
+  HostNode& operator=(const HostNode&) = delete;
 
  private:
   HostNode() = default;
+  // Declared first, so it is removed last: after the simulator has unmounted its tree from it. (Declared after
+  // `sim`, every test left its directory behind, the mount point still busy at the removal.)
   vfio_agent::testing::TempDir dir_{"va-validate"};
+
+ public:
+  Json json;
+  std::unique_ptr<sim::SimProcess> sim;
+  HostPaths paths;
 };
 
 // "FAIL device.bars 0000:18:00.0" for every check that neither passed nor was skipped.
