@@ -1,5 +1,5 @@
 #!/bin/bash
-# Chaos soak (tests/soak): the real `vfio-gpu-agent serve` on the simulated 8x H200 node under the kubelet simulator
+# Chaos soak (tests/soak): the real `vfio-gpu-agent run` on the simulated 8x H200 node under the kubelet simulator
 # for MINUTES (default 1) with a seeded random fault schedule; prints each fault's count and worst latencies and
 # exits non-zero on a broken invariant. Needs root and /dev/fuse. Usage: scripts/soak.sh [MINUTES] [SEED]
 set -euo pipefail

@@ -42,6 +42,9 @@ constexpr milliseconds kMaxBackoff{5000};
 constexpr milliseconds kConfigErrorBackoff{30000};  // the kubelet rejected our version or name
 constexpr milliseconds kRegisterDeadline{15000};    // the kubelet may take 10 s to dial back (R3)
 constexpr milliseconds kMaxPollWait{1000};          // stat poll while an inotify watch is missing
+// The kubelet opens ListAndWatch as it answers Register (R3); one that has not after this long dropped the
+// registration (R22) and will not.
+constexpr milliseconds kFirstStreamWait{5000};
 constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
 
 // gRPC's async client API on the call's own queue, waited on by a thread that lives as long as the call:
@@ -73,6 +76,7 @@ struct Resource {
   bool register_in_flight = false;
   bool stream_ended = false;
   FileId registered_kubelet;
+  Clock::time_point registered_at{};
   milliseconds backoff{0};
   Clock::time_point next_attempt{};
   Clock::time_point next_serve{};
@@ -272,6 +276,9 @@ Clock::time_point Agent::Impl::NextDeadline() const {
     if (resource.server && !resource.registered && !resource.register_in_flight && kubelet_.present()) {
       next = std::min(next, resource.next_attempt);
     }
+    if (resource.server && resource.registered && resource.server->streams_opened() == 0) {
+      next = std::min(next, resource.registered_at + kFirstStreamWait);
+    }
   }
   return next;
 }
@@ -434,6 +441,11 @@ void Agent::Impl::Reconcile() {
       // ends before the reply is processed voids that registration too, and the late OK (an older generation)
       // is then dropped.
       reason = "ListAndWatch stream ended";
+    } else if (resource.registered && resource.server->streams_opened() == 0 &&
+               now >= resource.registered_at + kFirstStreamWait) {
+      // A kubelet before PR #135437 that handles the end of our previous stream after this Register disconnects
+      // the new client, at times before its stream begins: no stream will ever end to tell us (R22).
+      reason = "no ListAndWatch stream 5 s after Register (the kubelet dropped the registration)";
     }
     resource.stream_ended = false;
     if (!reason.empty()) {
@@ -543,6 +555,7 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
   if (call.status.ok()) {
     resource.registered = true;
     resource.registered_kubelet = call.kubelet;
+    resource.registered_at = Clock::now();
     resource.backoff = milliseconds(0);
     ++resource.registrations;
     spdlog::info("{}: registered with the kubelet as {}", resource.name, call.request.endpoint());

@@ -372,6 +372,11 @@ int ResourceServer::live_streams() const {
   return static_cast<int>(streams_.size());
 }
 
+int ResourceServer::streams_opened() const {
+  std::lock_guard lock(mu_);
+  return streams_opened_;
+}
+
 void ResourceServer::StreamStarted(DeviceStream* stream, const std::string& peer) {
   std::lock_guard lock(mu_);
   if (shutting_down_) {
@@ -379,6 +384,7 @@ void ResourceServer::StreamStarted(DeviceStream* stream, const std::string& peer
   } else {
     AwaitStreamLocked();
     streams_.insert(stream);
+    ++streams_opened_;
     stream->Push(payload_);
   }
   spdlog::info("{}: ListAndWatch stream opened by {} ({} devices)", resource_name_, peer,

@@ -68,6 +68,7 @@ class ResourceServer final {
 
   const FileId& socket_id() const { return socket_id_; }
   int live_streams() const;
+  int streams_opened() const;  // since Start, ended ones included
 
  private:
   friend class DeviceStream;
@@ -112,6 +113,7 @@ class ResourceServer final {
   std::shared_ptr<const State> state_;
   std::shared_ptr<const ListPayload> payload_;  // state_'s device list, serialized once
   std::set<DeviceStream*> streams_;
+  int streams_opened_ = 0;
   int call_objects_ = 0;
   std::condition_variable call_objects_cv_;
   bool shutting_down_ = false;

@@ -162,6 +162,13 @@ int RunProcess::SignalAndWait(int signal) {
   return status;
 }
 
+std::optional<int> RunProcess::ExitedOnItsOwn() {
+  int status = 0;
+  if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+  pid_ = -1;
+  return status;
+}
+
 std::string RunProcess::Log() const {
   std::ifstream in(log_);
   std::stringstream text;

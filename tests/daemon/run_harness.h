@@ -42,6 +42,8 @@ class RunProcess {
 
   // Sends `signal` and waits for the exit; the wait status.
   int SignalAndWait(int signal);
+  // The wait status if the process has ended on its own; nullopt while it runs.
+  std::optional<int> ExitedOnItsOwn();
   std::string Log() const;
   pid_t pid() const { return pid_; }
   int health_port() const { return health_port_; }

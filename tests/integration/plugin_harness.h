@@ -34,6 +34,7 @@ class Node {
   static absl::StatusOr<std::unique_ptr<Node>> Create(const std::string& node_file);
 
   absl::Status Control(const std::string& command) { return sim_->Control(command); }
+  std::vector<std::string> SimLog() const { return sim_->Log(); }
   absl::Status BindToVfio(const std::vector<std::string>& bdfs);
 
   ServeOptions options;  // filled for the simulated node; adjust before StartAgent

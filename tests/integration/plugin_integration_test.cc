@@ -161,6 +161,23 @@ TEST_F(PluginIntegrationTest, StreamCutBeforeTheRegisterReplyReRegisters) {
   EXPECT_TRUE(held.load());
 }
 
+TEST_F(PluginIntegrationTest, RegistrationDroppedBeforeItsStreamRegistersAgain) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  // The agent's next registration (after a stream cut) is answered OK and then disconnected, before any stream.
+  node_->kubelet().DropNextRegistration(kH200);
+  ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());
+  ASSERT_TRUE(node_->kubelet().WaitFor(
+      [](const kubeletsim::KubeletSim& k) {
+        auto r = State(k, kH200);
+        return r.registrations >= 3 && r.registered && r.allocatable == 8;
+      },
+      kPatience))
+      << "registrations " << State(node_->kubelet(), kH200).registrations;
+}
+
 TEST_F(PluginIntegrationTest, LateBoundGpuAppears) {
   Boot("hgx-h200-8gpu.json", {kH200Gpus.begin(), kH200Gpus.end() - 1});
   ASSERT_TRUE(node_->StartKubelet().ok());

@@ -1,12 +1,14 @@
-// Chaos soak: the real agent process (`serve`) on the simulated 8x H200 node under the kubelet simulator, for
-// VA_SOAK_SECONDS (default 60) with a random schedule seeded by VA_SOAK_SEED (default 1) of: kubelet restarts
-// (kubelet.sock at once or late), ListAndWatch stream cuts, unbinds that take a while and binds that fail with an
-// errno, surprise removal + rescan, dead config space, external set-driver, agent SIGTERM + restart, VM pod
-// admissions and releases. After every fault the kubelet's healthy set must equal the GPUs that are healthy in
-// sysfs (present, on vfio-pci, config space alive, /dev/vfio/<group> present) within kHardBound; latencies over
-// kTargetBound are counted. The agent must not crash or fail a SIGTERM; within one agent process the floors of open
-// fds, the agent's own threads and RSS do not rise, its worker pool keeps no more idle workers than its cap, and
-// gRPC's self-sized thread pools stay within a small bound. Prints the count of each fault and the worst latencies.
+// Chaos soak: the real node daemon (`vfio-gpu-agent run`, which binds and advertises) on the simulated 8x H200 node
+// under the kubelet simulator, for VA_SOAK_SECONDS (default 60) with a random schedule seeded by VA_SOAK_SEED
+// (default 1) of: kubelet restarts (kubelet.sock at once or late), ListAndWatch stream cuts, unbinds that take a
+// while and binds that fail with an errno, surprise removal + rescan, dead config space, external set-driver, agent
+// SIGTERM + restart, VM pod admissions and releases. After every fault the kubelet's healthy set must equal the GPUs
+// that are healthy in sysfs (present, on vfio-pci, config space alive, /dev/vfio/<group> present) within
+// kHardBound; latencies over kTargetBound are counted. The agent must never unbind a GPU allocated to a running pod
+// (from the simulator's log of kernel writes). The agent must not crash or fail a SIGTERM; within one agent process
+// the floors of open fds, the agent's own threads and RSS do not rise, its worker pool keeps no more idle workers
+// than its cap, and gRPC's self-sized thread pools stay within a small bound. Prints the count of each fault and
+// the worst latencies.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,13 +29,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_split.h"
 #include "plugin_harness.h"
+#include "run_harness.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/worker_pool.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 
 namespace vfio_agent::plugin::testing {
 namespace {
+
+using daemon::testing::PodResourcesSocket;
+using daemon::testing::RunProcess;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -92,63 +99,37 @@ ProcessStats Sample(pid_t pid) {
   return stats;
 }
 
-// The agent as the DaemonSet runs it, with the simulated roots; the simulator has no uevents, so the safety rescan
-// is short (inotify on <dev_root>/vfio sees group nodes, not config space going dead).
+// `run` as the DaemonSet runs it, with the simulated roots (health and metrics on loopback ports); the simulator
+// has no uevents, so the plugin's safety rescan is short (inotify on <dev_root>/vfio sees group nodes, not config
+// space going dead).
 class AgentProcess {
  public:
-  AgentProcess(const Node& node, std::filesystem::path log) : log_(std::move(log)) {
-    const char* binary = std::getenv("VA_AGENT_BIN");  // another build of the agent, e.g. the previous commit's
-    binary_ = binary != nullptr ? binary : VA_AGENT_BIN;
-  }
-  ~AgentProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  bool Start(const Node& node) {
-    const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
-                      kdir = node.kubelet_dir().string();
-    const char* argv[] = {binary_.c_str(), "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
-                          "--kubelet-dir", kdir.c_str(), "--no-udev", "--rescan-interval", "50", "--log-level",
-                          "warn", nullptr};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int rc = ::posix_spawn(&pid_, binary_.c_str(), &actions, nullptr, const_cast<char* const*>(argv), environ);
-    posix_spawn_file_actions_destroy(&actions);
+  bool Start(Node& node) {
+    auto started = RunProcess::Start(node, {"--rescan-interval", "50"});
+    if (!started.ok()) return false;
+    run_ = *std::move(started);
     actions_since_start_ = 0;
     samples_.clear();
-    return rc == 0;
+    return true;
   }
 
   // SIGTERM and wait; the exit status must be 0 (graceful shutdown).
-  int Stop() {
-    if (pid_ <= 0) return 0;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+  int Stop() { return ExitCode(run_->SignalAndWait(SIGTERM)); }
 
   // Exit status if the process died on its own.
   std::optional<int> Died() {
-    int status = 0;
-    if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    auto status = run_->ExitedOnItsOwn();
+    return status ? std::optional<int>(ExitCode(*status)) : std::nullopt;
   }
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return run_->pid(); }
+  std::string Log() const { return run_->Log(); }
   int actions_since_start_ = 0;
   std::vector<ProcessStats> samples_;  // after the warm-up, every 2 actions
 
  private:
-  std::string binary_;
-  std::filesystem::path log_;
-  pid_t pid_ = -1;
+  static int ExitCode(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+  std::unique_ptr<RunProcess> run_;
 };
 
 // "grpc_global_tim vfio-gpu-agent ..." for a failure message.
@@ -223,12 +204,13 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
   }
   ASSERT_TRUE(created.ok()) << created.status();
   Node& node = **created;
-  ASSERT_TRUE(node.BindToVfio(kH200Gpus).ok());
-  ASSERT_TRUE(node.StartKubelet().ok());
-  const std::filesystem::path log = node.kubelet_dir().parent_path() / "agent.log";
-  AgentProcess agent(node, log);
+  // The GPUs start on nvidia, as on a fresh node: `run` binds them.
+  kubeletsim::Options kubelet_options;
+  kubelet_options.pod_resources_socket = PodResourcesSocket(node);
+  ASSERT_TRUE(node.StartKubelet(kubelet_options).ok());
+  AgentProcess agent;
   ASSERT_TRUE(agent.Start(node));
-  ASSERT_TRUE(node.WaitForCounts(kH200, 8, 8, std::chrono::seconds(10)));
+  ASSERT_TRUE(node.WaitForCounts(kH200, 8, 8, kHardBound));
 
   std::mt19937 rng(seed);
   auto pick_gpu = [&] { return kH200Gpus[std::uniform_int_distribution<size_t>(0, kH200Gpus.size() - 1)(rng)]; };
@@ -236,7 +218,25 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
   std::map<std::string, double> worst_ms;
   int over_target = 0, pods = 0, pod_serial = 0;
   std::vector<std::string> running_pods;
+  std::map<std::string, std::vector<std::string>> pod_gpus;  // running pod -> its GPUs
   std::set<std::string> removed;
+  // GPUs a VM holds. The kernel blocks an unbind from vfio-pci while a VM has the group open, so no external actor
+  // changes their driver here; a surprise removal takes the GPU from its VM (it comes back as a new device).
+  auto held = [&] {
+    std::set<std::string> gpus;
+    for (const auto& [pod, bdfs] : pod_gpus) gpus.insert(bdfs.begin(), bdfs.end());
+    return gpus;
+  };
+  auto pick_free_gpu = [&]() -> std::optional<std::string> {
+    const std::set<std::string> busy = held();
+    std::vector<std::string> free;
+    for (const std::string& bdf : kH200Gpus) {
+      if (!busy.count(bdf)) free.push_back(bdf);
+    }
+    if (free.empty()) return std::nullopt;
+    return free[std::uniform_int_distribution<size_t>(0, free.size() - 1)(rng)];
+  };
+  int agent_binds = 0, agent_unbinds = 0, held_gpu_steps = 0;
   ProcessStats worst_growth;
   int checked_processes = 0;
   constexpr size_t kWindow = 10;
@@ -281,17 +281,26 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
   int actions = 0;
   while (Clock::now() < end) {
     const std::string fault = kFaults[choose(rng)];
-    const std::string gpu = pick_gpu();
+    std::string gpu = pick_gpu();
     const HostPaths& paths = node.options.paths;
     bool injected = true;
+    const std::set<std::string> held_before = held();
+    if (fault == "slow_unbind" || fault == "bind_errno" || fault == "external_set_driver") {
+      const std::optional<std::string> free = pick_free_gpu();
+      if (!free) {
+        counts[fault + "_all_held"]++;
+        continue;
+      }
+      gpu = *free;
+    }
     if (fault == "kubelet_restart") {
       ASSERT_TRUE(node.kubelet().Restart().ok());
     } else if (fault == "kubelet_restart_late_sock") {
       // The other start order: sockets deleted first, kubelet.sock a while later.
       node.kubelet().Stop();
-      ASSERT_TRUE(
-          node.StartKubelet({.kubelet_sock_delay = milliseconds(std::uniform_int_distribution<int>(20, 300)(rng))})
-              .ok());
+      kubeletsim::Options late = kubelet_options;
+      late.kubelet_sock_delay = milliseconds(std::uniform_int_distribution<int>(20, 300)(rng));
+      ASSERT_TRUE(node.StartKubelet(late).ok());
     } else if (fault == "stream_cut") {
       injected = node.kubelet().CloseStream(kH200).ok();
     } else if (fault == "slow_unbind") {
@@ -316,7 +325,10 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
       (void)node.Control("bind-errno " + gpu + " 0");
     } else if (fault == "surprise_remove_rescan") {
       injected = node.Control("remove " + gpu).ok();
-      if (injected) removed.insert(gpu);
+      if (injected) {
+        removed.insert(gpu);
+        for (auto& [pod, bdfs] : pod_gpus) std::erase(bdfs, gpu);
+      }
     } else if (fault == "dead_config") {
       injected = node.Control("dead " + gpu + " 1").ok();
     } else if (fault == "external_set_driver") {
@@ -325,7 +337,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     } else if (fault == "agent_restart") {
       check_flat(agent);
       const int status = agent.Stop();
-      ASSERT_EQ(status, 0) << "agent exited " << status << " on SIGTERM; log " << log;
+      ASSERT_EQ(status, 0) << "agent exited " << status << " on SIGTERM; its log:\n" << agent.Log();
       ASSERT_TRUE(agent.Start(node));
     } else if (fault == "admit") {
       const int64_t want = std::uniform_int_distribution<int>(1, 2)(rng);
@@ -333,6 +345,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
       auto admitted = node.kubelet().Admit({.name = name, .limits = {{kH200, want}}});
       if (admitted.ok()) {
         running_pods.push_back(name);
+        pod_gpus[name] = admitted->devices[kH200];
         ++pods;
       } else {
         counts["admit_refused"]++;
@@ -341,17 +354,20 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
       injected = !running_pods.empty();
       if (injected) {
         node.kubelet().Release(running_pods.front());
+        pod_gpus.erase(running_pods.front());
         running_pods.erase(running_pods.begin());
       }
     } else if (fault == "heal") {
-      // Undo: rescan brings removed GPUs back, config alive again, every GPU on vfio-pci.
+      // Undo: rescan brings removed GPUs back (on nvidia, for the agent to bind), config alive again, and an
+      // operator puts free GPUs back on vfio-pci (the agent's own retries back off up to 5 min).
       if (!removed.empty()) {
         ASSERT_TRUE(node.Control("rescan").ok());
         removed.clear();
       }
+      const std::set<std::string> busy = held();
       for (const std::string& bdf : kH200Gpus) {
         (void)node.Control("dead " + bdf + " 0");
-        (void)node.Control("set-driver " + bdf + " vfio-pci");
+        if (!busy.count(bdf)) (void)node.Control("set-driver " + bdf + " vfio-pci");
       }
     }
     if (injected) counts[fault]++;
@@ -362,7 +378,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     std::set<std::string> expected, observed;
     bool registered = false;
     while (true) {
-      if (auto died = agent.Died()) FAIL() << "agent died (status " << *died << ") after " << fault << "; log " << log;
+      if (auto died = agent.Died()) FAIL() << "agent died (status " << *died << ") after " << fault << "; its log:\n" << agent.Log();
       expected = HealthyInSysfs(paths);
       observed = HealthyAtKubelet(node.kubelet(), &registered);
       // A fresh agent process does not advertise GPUs it never saw on vfio: with none healthy it may have no
@@ -379,14 +395,35 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
         fprintf(stderr, "kubelet event: %s %s %s\n", events[e].kind.c_str(), events[e].resource.c_str(),
                 events[e].detail.c_str());
       }
-      std::ifstream agent_log(log);
-      for (std::string line; std::getline(agent_log, line);) fprintf(stderr, "agent: %s\n", line.c_str());
+      fprintf(stderr, "agent log:\n%s\n", agent.Log().c_str());
     }
     ASSERT_TRUE(converged)
         << "after " << fault << " on " << gpu << " (action " << actions << "): kubelet healthy "
         << observed.size() << " (registered " << registered << "), sysfs healthy " << expected.size();
     worst_ms[fault] = std::max(worst_ms[fault], ms);
     if (ms > kTargetBound.count()) ++over_target;
+
+    // The kernel writes since the last step. Only the agent binds to vfio-pci by writing `bind` (the soak's own bind
+    // writes all fail), and the soak unbinds only free GPUs: an unbind of a GPU held before and after this step is
+    // the agent taking a running VM's device.
+    const std::vector<std::string> writes = node.SimLog();
+    std::set<std::string> held_throughout;
+    for (const std::string& bdf : held()) {
+      if (held_before.count(bdf)) held_throughout.insert(bdf);
+    }
+    held_gpu_steps += static_cast<int>(held_throughout.size());
+    for (const std::string& line : writes) {
+      const std::vector<std::string> words = absl::StrSplit(line, ' ');
+      if (words.size() != 3 && words.size() != 4) continue;
+      if (words.size() == 3 && (words[0] == "bind" || words[0] == "probe") && words[2] == "vfio-pci") ++agent_binds;
+      if (words[0] == "unbind" || words[0] == "unbind-wait") {
+        if (words[0] == "unbind" && words.size() == 3 && !(fault == "slow_unbind" && words[1] == gpu)) ++agent_unbinds;
+        ASSERT_FALSE(held_throughout.count(words[1]))
+            << "\"" << line << "\": a GPU allocated to a running pod was unbound (after " << fault << ", action "
+            << actions << ")";
+      }
+    }
+    ASSERT_TRUE(node.Control("log-drop " + std::to_string(writes.size())).ok());
 
     // Flat within one agent process: connections and gRPC's pools come and go with the traffic, so a leak shows as
     // a rising floor. Samples every 2 actions after the warm-up, only while registered: a process that started
@@ -404,6 +441,8 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     printf("  %-26s %5d  worst convergence %7.1f ms\n", fault.c_str(), n, worst_ms.count(fault) ? worst_ms[fault] : 0.0);
   }
   printf("  convergences over %lld ms: %d of %d\n", static_cast<long long>(kTargetBound.count()), over_target, actions);
+  printf("  the agent's binds to vfio-pci %d, its unbinds %d; unbinds of a GPU held by a running pod: 0 (%d held-GPU "
+         "steps checked)\n", agent_binds, agent_unbinds, held_gpu_steps);
   printf("  worst rise of the floor within one agent process (%d long-lived enough to check): fds %+d, agent threads "
          "%+d, gRPC pool threads %+d, RSS %+lld kB; most idle workers kept %d (cap %zu)\n",
          checked_processes, worst_growth.fds, worst_growth.threads, worst_growth.grpc_threads,

@@ -303,6 +303,11 @@ void KubeletSim::Impl::Activate(std::shared_ptr<PluginClient> client) {
   entry.options = client->options;
   ++entry.registrations;
   clients_.push_back(client);
+  if (entry.drop_next_registration) {
+    entry.drop_next_registration = false;
+    DisconnectLocked(client->resource, entry);
+    return;
+  }
   client->stream_thread = std::thread([this, client] { StreamLoop(client); });
 }
 
@@ -387,6 +392,11 @@ absl::Status KubeletSim::Impl::CloseStream(const std::string& resource) {
   return absl::OkStatus();
 }
 
+void KubeletSim::Impl::DropNextRegistration(const std::string& resource) {
+  std::lock_guard lock(mu_);
+  resources_[resource].drop_next_registration = true;
+}
+
 absl::Status KubeletSim::Impl::FreezeUpdates(const std::string& resource, bool frozen) {
   std::lock_guard lock(mu_);
   auto it = resources_.find(resource);
@@ -459,6 +469,7 @@ absl::Status KubeletSim::Start() { return impl_->Start(); }
 absl::Status KubeletSim::Restart() { return impl_->Restart(); }
 void KubeletSim::Stop() { impl_->Stop(); }
 absl::Status KubeletSim::CloseStream(const std::string& resource) { return impl_->CloseStream(resource); }
+void KubeletSim::DropNextRegistration(const std::string& resource) { impl_->DropNextRegistration(resource); }
 absl::Status KubeletSim::FreezeUpdates(const std::string& resource, bool frozen) {
   return impl_->FreezeUpdates(resource, frozen);
 }

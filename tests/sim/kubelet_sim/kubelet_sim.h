@@ -113,6 +113,10 @@ class KubeletSim {
   // (event "list_ignored"), so the device manager, Resources() and pod-resources keep the last set applied.
   // Unfreezing does not replay them: the next message the plugin sends is applied.
   absl::Status FreezeUpdates(const std::string& resource, bool frozen);
+  // Fault: R22 as it strikes a re-registration. The next Register of `resource` is answered OK, but its client
+  // is disconnected before its ListAndWatch stream begins (as a late end of the previous stream does in kubelets
+  // before PR #135437): the plugin sees a successful Register and then no stream at all.
+  void DropNextRegistration(const std::string& resource);
 
   std::map<std::string, ResourceState> Resources() const;
   std::vector<Event> Events() const;

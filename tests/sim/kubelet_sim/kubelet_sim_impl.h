@@ -45,6 +45,7 @@ struct ResourceEntry {
   std::optional<Clock::time_point> stop_time;  // grace clock (Options::clock), set when the endpoint stops
   bool removed = false;
   bool frozen = false;  // FreezeUpdates: messages are not applied
+  bool drop_next_registration = false;  // DropNextRegistration: armed
   int registrations = 0, list_updates = 0, identical_repeats = 0, duplicate_ids = 0;
   std::string endpoint;
   ::v1beta1::DevicePluginOptions options;
@@ -59,6 +60,7 @@ class KubeletSim::Impl {
   void Stop();
   absl::Status CloseStream(const std::string& resource);
   absl::Status FreezeUpdates(const std::string& resource, bool frozen);
+  void DropNextRegistration(const std::string& resource);
   std::map<std::string, ResourceState> Resources() const;
   std::vector<Event> Events() const;
   absl::StatusOr<AdmittedPod> Admit(const PodSpec& pod);

@@ -1,5 +1,6 @@
 // The control file: what an external actor (the admin, a hot-unplug, a stuck driver) does to the node while
 // the code under test runs. Not recorded in the sim log, which shows only writes to kernel attributes.
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -15,6 +16,12 @@ int Kernel::Control(std::unique_lock<std::mutex>& /*lock*/, absl::string_view co
   const std::string& verb = args[0];
   if (verb == "rescan" && args.size() == 1) {
     RescanAll();
+    return 0;
+  }
+  if (verb == "log-drop" && args.size() == 2) {
+    size_t lines = 0;
+    if (!absl::SimpleAtoi(args[1], &lines)) return EINVAL;
+    log_.erase(log_.begin(), log_.begin() + static_cast<std::ptrdiff_t>(std::min(lines, log_.size())));
     return 0;
   }
   if (args.size() < 2) return EINVAL;
