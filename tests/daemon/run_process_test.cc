@@ -178,7 +178,9 @@ TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
   Boot();
   StartRun({"--kubeconfig", StartApi(), "--node-name", "node-a", "--resync-interval", "100"});
   ASSERT_TRUE(run_->WaitReady());
-  ASSERT_TRUE(WaitUntil([&] { return api_->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
+  // One status PATCH or two: when the reporter sends "not registered" before the agent is ready, the ready
+  // condition is a second one (seen once in 40 stress-ng runs; waiting for exactly one then never ended).
+  ASSERT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
   // Everything the start produced (condition, events) has gone out when, as of one reconcile pass, the agent
   // has no write pending and the server has logged every request the agent made. (Waiting for the log to stay
   // still for a few passes instead failed 1 run in 20 under stress-ng: an event write starved for longer.)
