@@ -445,7 +445,8 @@ void Agent::Impl::Reconcile() {
                now >= resource.registered_at + kFirstStreamWait) {
       // A kubelet before PR #135437 that handles the end of our previous stream after this Register disconnects
       // the new client, at times before its stream begins: no stream will ever end to tell us (R22).
-      reason = "no ListAndWatch stream 5 s after Register (the kubelet dropped the registration)";
+      reason = absl::StrCat("no ListAndWatch stream ", kFirstStreamWait.count(),
+                            " ms after Register (the kubelet dropped the registration)");
     }
     resource.stream_ended = false;
     if (!reason.empty()) {
