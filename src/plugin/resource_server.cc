@@ -198,7 +198,7 @@ class DeviceStream final {
       owner->Retire();
       return;
     }
-    owner_->StreamStarted(this, context_.peer());
+    owner_->StreamStarted(this, context_.peer(), context_.client_metadata().count(kProbeMetadata) > 0);
   }
 
   void OnWriteDone(bool ok) {
@@ -369,7 +369,12 @@ void ResourceServer::Update(const ResourceDevices& devices, bool iommufd) {
 
 int ResourceServer::live_streams() const {
   std::lock_guard lock(mu_);
-  return static_cast<int>(streams_.size());
+  return static_cast<int>(streams_.size() - probes_.size());
+}
+
+int ResourceServer::live_probes() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(probes_.size());
 }
 
 int ResourceServer::streams_opened() const {
@@ -377,28 +382,34 @@ int ResourceServer::streams_opened() const {
   return streams_opened_;
 }
 
-void ResourceServer::StreamStarted(DeviceStream* stream, const std::string& peer) {
+void ResourceServer::StreamStarted(DeviceStream* stream, const std::string& peer, bool probe) {
   std::lock_guard lock(mu_);
   if (shutting_down_) {
     stream->End(false);
   } else {
     AwaitStreamLocked();
     streams_.insert(stream);
-    ++streams_opened_;
+    if (probe) {
+      probes_.insert(stream);
+    } else {
+      ++streams_opened_;
+    }
     stream->Push(payload_);
   }
-  spdlog::info("{}: ListAndWatch stream opened by {} ({} devices)", resource_name_, peer,
-               payload_->message.devices_size());
+  spdlog::info("{}: ListAndWatch stream opened by {}{} ({} devices)", resource_name_, peer,
+               probe ? " (probe)" : "", payload_->message.devices_size());
 }
 
 void ResourceServer::StreamDone(DeviceStream* stream) {
   bool notify = false;
+  bool probe = false;
   {
     std::lock_guard lock(mu_);
     streams_.erase(stream);
-    notify = !shutting_down_;
+    probe = probes_.erase(stream) > 0;
+    notify = !shutting_down_ && !probe;
   }
-  spdlog::info("{}: ListAndWatch stream ended{}", resource_name_, notify ? "" : " (shutdown)");
+  spdlog::info("{}: ListAndWatch stream ended{}", resource_name_, probe ? " (probe)" : notify ? "" : " (shutdown)");
   if (notify && on_stream_ended_) on_stream_ended_();
 }
 

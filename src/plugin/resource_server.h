@@ -67,8 +67,10 @@ class ResourceServer final {
   void Shutdown(bool deregister);
 
   const FileId& socket_id() const { return socket_id_; }
+  // The kubelet's ListAndWatch streams; a probe's (kProbeMetadata) are apart.
   int live_streams() const;
   int streams_opened() const;  // since Start, ended ones included
+  int live_probes() const;
 
  private:
   friend class DeviceStream;
@@ -95,7 +97,7 @@ class ResourceServer final {
   bool Admit();      // false once shutting down; else counts one more call object
   void AdmitLocked();
   void Retire();     // a call object is gone
-  void StreamStarted(DeviceStream* stream, const std::string& peer);
+  void StreamStarted(DeviceStream* stream, const std::string& peer, bool probe);
   void StreamDone(DeviceStream* stream);
 
   const std::string resource_name_;
@@ -112,7 +114,8 @@ class ResourceServer final {
   mutable std::mutex mu_;
   std::shared_ptr<const State> state_;
   std::shared_ptr<const ListPayload> payload_;  // state_'s device list, serialized once
-  std::set<DeviceStream*> streams_;
+  std::set<DeviceStream*> streams_;  // probes' included: every open stream gets each new list
+  std::set<DeviceStream*> probes_;
   int streams_opened_ = 0;
   int call_objects_ = 0;
   std::condition_variable call_objects_cv_;

@@ -56,6 +56,8 @@ PluginAnswer AskPlugin(const fs::path& socket, std::chrono::milliseconds wait,
   if (!answer.options_status.ok()) return answer;
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);
+  // Not the kubelet's stream: the agent must not take it for the one that follows a Register, nor wait for its end.
+  ctx.AddMetadata(plugin::kProbeMetadata, "validate");
   auto reader = stub->ListAndWatch(&ctx, ::v1beta1::Empty());
   ::v1beta1::ListAndWatchResponse message;
   while (reader->Read(&message)) {

@@ -29,6 +29,17 @@ kubeletsim::ResourceState State(const kubeletsim::KubeletSim& kubelet, const std
   return it == resources.end() ? kubeletsim::ResourceState{} : it->second;
 }
 
+// Waits until the kubelet has taken at least `registrations` Registers of the H200 resource and holds all 8 GPUs
+// allocatable on the live one.
+bool RegisteredWithAllEight(const kubeletsim::KubeletSim& kubelet, int registrations) {
+  return kubelet.WaitFor(
+      [registrations](const kubeletsim::KubeletSim& k) {
+        auto r = State(k, kH200);
+        return r.registrations >= registrations && r.registered && r.allocatable == 8;
+      },
+      kPatience);
+}
+
 class PluginIntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -123,12 +134,8 @@ TEST_F(PluginIntegrationTest, StreamCutWhileKubeletStaysReRegisters) {
   ASSERT_TRUE(node_->StartAgent().ok());
   ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
   ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());
-  ASSERT_TRUE(node_->kubelet().WaitFor(
-      [](const kubeletsim::KubeletSim& k) {
-        auto r = k.Resources().at(kH200);
-        return r.registrations >= 2 && r.registered && r.allocatable == 8;
-      },
-      kPatience));
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 2))
+      << "registrations " << State(node_->kubelet(), kH200).registrations;
 }
 
 // The kubelet opens ListAndWatch before its Register reply reaches the plugin. A stream cut in that window (a
@@ -151,12 +158,7 @@ TEST_F(PluginIntegrationTest, StreamCutBeforeTheRegisterReplyReRegisters) {
   };
   ASSERT_TRUE(node_->StartKubelet({.before_register_reply = cut_then_hold}).ok());
   ASSERT_TRUE(node_->StartAgent().ok());
-  ASSERT_TRUE(node_->kubelet().WaitFor(
-      [](const kubeletsim::KubeletSim& k) {
-        auto r = State(k, kH200);
-        return r.registrations >= 2 && r.registered && r.allocatable == 8;
-      },
-      kPatience))
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 2))
       << "registrations " << State(node_->kubelet(), kH200).registrations;
   EXPECT_TRUE(held.load());
 }
@@ -169,13 +171,28 @@ TEST_F(PluginIntegrationTest, RegistrationDroppedBeforeItsStreamRegistersAgain) 
   // The agent's next registration (after a stream cut) is answered OK and then disconnected, before any stream.
   node_->kubelet().DropNextRegistration(kH200);
   ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());
-  ASSERT_TRUE(node_->kubelet().WaitFor(
-      [](const kubeletsim::KubeletSim& k) {
-        auto r = State(k, kH200);
-        return r.registrations >= 3 && r.registered && r.allocatable == 8;
-      },
-      kPatience))
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 3))
       << "registrations " << State(node_->kubelet(), kH200).registrations;
+}
+
+// `validate` may be probing the plugin (its own ListAndWatch) just when the kubelet cuts its stream. The agent must
+// re-register then, not wait for the probe to end as if it were the kubelet's stream.
+TEST_F(PluginIntegrationTest, StreamCutWhileAProbeWatchesReRegisters) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  auto plugin = node_->DialPlugin(kH200);
+  grpc::ClientContext probe_context;
+  probe_context.AddMetadata(kProbeMetadata, "test");
+  auto probe = plugin->ListAndWatch(&probe_context, v1beta1::Empty());
+  v1beta1::ListAndWatchResponse list;
+  ASSERT_TRUE(probe->Read(&list));  // the probe's stream is open
+
+  ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 2))
+      << "registrations " << State(node_->kubelet(), kH200).registrations;
+  probe_context.TryCancel();
 }
 
 TEST_F(PluginIntegrationTest, LateBoundGpuAppears) {

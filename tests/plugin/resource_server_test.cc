@@ -165,6 +165,39 @@ TEST_F(ResourceServerTest, StreamTheKubeletDropsIsReportedAndForgotten) {
   again.TryCancel();
 }
 
+// `validate` probes the plugin with a ListAndWatch of its own. It gets every list, but the agent must not take it
+// for the kubelet's stream: not counted as the stream that follows a Register, its end not reported.
+TEST_F(ResourceServerTest, ProbeStreamGetsListsButIsNeitherCountedNorReported) {
+  grpc::ClientContext probe_context;
+  probe_context.AddMetadata(kProbeMetadata, "test");
+  auto probe = stub_->ListAndWatch(&probe_context, v1beta1::Empty());
+  v1beta1::ListAndWatchResponse list;
+  ASSERT_TRUE(probe->Read(&list));
+  EXPECT_EQ(list.devices_size(), 2);
+  EXPECT_EQ(server_->live_probes(), 1);  // counted before its first list is written
+  EXPECT_EQ(server_->live_streams(), 0);
+  EXPECT_EQ(server_->streams_opened(), 0);
+
+  grpc::ClientContext kubelet_context;
+  auto kubelet = stub_->ListAndWatch(&kubelet_context, v1beta1::Empty());
+  ASSERT_TRUE(kubelet->Read(&list));
+  EXPECT_EQ(server_->live_streams(), 1);
+  EXPECT_EQ(server_->streams_opened(), 1);
+
+  ResourceDevices changed = TwoGpus();
+  changed.devices[0].healthy = false;
+  server_->Update(changed, false);
+  ASSERT_TRUE(probe->Read(&list));
+  EXPECT_EQ(list.devices(0).health(), kUnhealthy);
+
+  // One thread drains the server's queue, so the probe's end is handled before the kubelet's is.
+  probe_context.TryCancel();
+  ASSERT_TRUE(WaitUntil([&] { return server_->live_probes() == 0; }));
+  kubelet_context.TryCancel();
+  ASSERT_TRUE(WaitUntil([&] { return server_->live_streams() == 0 && streams_ended_ >= 1; }));
+  EXPECT_EQ(streams_ended_, 1) << "the probe's end was reported as a stream end";
+}
+
 TEST_F(ResourceServerTest, NoGrpcThreadPollsForTheServer) {
   grpc::ClientContext context;
   auto reader = stub_->ListAndWatch(&context, v1beta1::Empty());

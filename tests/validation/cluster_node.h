@@ -87,6 +87,12 @@ class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
   // One list, then nothing until the stream is cancelled or the plugin stops.
   grpc::Status ListAndWatch(grpc::ServerContext* ctx, const ::v1beta1::Empty*,
                             grpc::ServerWriter<::v1beta1::ListAndWatchResponse>* writer) override {
+    {
+      std::lock_guard lock(mu_);
+      auto probe = ctx->client_metadata().find(plugin::kProbeMetadata);
+      probes_.emplace_back(probe == ctx->client_metadata().end() ? "(none)"
+                                                                 : std::string(probe->second.data(), probe->second.size()));
+    }
     if (ids_) {
       ::v1beta1::ListAndWatchResponse message;
       for (const auto& id : *ids_) {
@@ -99,6 +105,11 @@ class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
     std::unique_lock lock(mu_);
     while (!stop_ && !ctx->IsCancelled()) cv_.wait_for(lock, 20ms);
     return grpc::Status::OK;
+  }
+  // Per ListAndWatch call, its plugin::kProbeMetadata value or "(none)".
+  std::vector<std::string> probes() {
+    std::lock_guard lock(mu_);
+    return probes_;
   }
   grpc::Status Allocate(grpc::ServerContext*, const ::v1beta1::AllocateRequest* request,
                         ::v1beta1::AllocateResponse* out) override {
@@ -113,6 +124,7 @@ class ScriptedPlugin final : public ::v1beta1::DevicePlugin::Service {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::vector<std::string> probes_;
 };
 
 inline absl::Status RegisterWithKubelet(const std::filesystem::path& kubelet_sock, const std::string& endpoint,

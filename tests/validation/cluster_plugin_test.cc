@@ -103,6 +103,18 @@ TEST_F(ClusterPluginTest, PluginListingAGpuSysfsSaysIsUnhealthyFails) {
   EXPECT_FALSE(devices->fix.empty());
 }
 
+// The agent tells a probe's stream from the kubelet's by this metadata; without it, a `validate` run could delay the
+// agent's re-registration after a stream cut until the probe's stream ended.
+TEST_F(ClusterPluginTest, ListAndWatchIsSentAsAProbe) {
+  ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
+  ScriptedPlugin plugin(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), kH200Gpus);
+  ASSERT_TRUE(plugin.Start().ok());
+  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
+  const auto checks = PluginChecks(node_->View(advertised), kWait);
+  EXPECT_EQ(FindCheck(checks, "plugin.devices", kH200)->result, Result::kPass);
+  EXPECT_THAT(plugin.probes(), ::testing::ElementsAre("validate"));
+}
+
 TEST_F(ClusterPluginTest, PluginThatNeverSendsItsListFails) {
   ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
   ScriptedPlugin silent(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), std::nullopt);

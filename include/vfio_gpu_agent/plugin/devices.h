@@ -18,6 +18,10 @@ namespace vfio_agent::plugin {
 
 inline constexpr char kHealthy[] = "Healthy";
 inline constexpr char kUnhealthy[] = "Unhealthy";
+// gRPC metadata key a ListAndWatch client sends to say it only probes (`validate`'s plugin layer). A probe's stream
+// is not the kubelet's: it neither counts as the stream that follows a Register nor, when it ends or outlives the
+// kubelet's, decides whether the agent re-registers.
+inline constexpr char kProbeMetadata[] = "x-vfio-gpu-agent-probe";
 
 struct PluginDevice {
   std::string id;  // the GPU's BDF; stable across restarts and reboots (R9)
