@@ -111,6 +111,7 @@ std::set<std::string> OpenFds(pid_t pid) {
 // soak injects nothing meanwhile, so what the agent keeps holds still, while a scan's attribute reads, a readiness
 // pass's pod-resources connection and a Register's connection come and go between the reads.
 constexpr int kHeldReads = 10;
+constexpr int kHeldWindows = 5;
 std::set<std::string> HeldFds(pid_t pid) {
   std::set<std::string> held = OpenFds(pid);
   for (int read = 1; read < kHeldReads; ++read) {
@@ -312,12 +313,22 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
   // Fds are compared as the agent holds them (HeldFds) after the warm-up and before the process stops, each while
   // registered (one resource server and the kubelet's connection to it). By count: a socket on a new inode in place
   // of an old one is the same state.
-  int fd_checked_processes = 0, worst_fd_growth = 0;
+  int fd_checked_processes = 0, worst_fd_growth = 0, most_windows = 1;
   auto check_fds = [&](const AgentProcess& process) {
     if (!process.baseline_fds_ || !process.registered_) return;
-    const std::set<std::string> now = HeldFds(process.pid());
-    ++fd_checked_processes;
     const std::set<std::string>& baseline = *process.baseline_fds_;
+    // A scan keeps bus/pci/devices open while it reads every device, and the FUSE node can stretch that past one
+    // window (seen once in CI). So a rise is looked at again, up to kHeldWindows windows in all, keeping what was
+    // held through every one: a scan ends, a kept fd stays.
+    std::set<std::string> now = HeldFds(process.pid());
+    for (int window = 1; window < kHeldWindows && now.size() > baseline.size(); ++window) {
+      const std::set<std::string> again = HeldFds(process.pid());
+      std::set<std::string> both;
+      std::set_intersection(now.begin(), now.end(), again.begin(), again.end(), std::inserter(both, both.end()));
+      now = std::move(both);
+      most_windows = std::max(most_windows, window + 1);
+    }
+    ++fd_checked_processes;
     worst_fd_growth = std::max(worst_fd_growth, static_cast<int>(now.size()) - static_cast<int>(baseline.size()));
     EXPECT_LE(now.size(), baseline.size())
         << "open fds rose within one agent process; held after the warm-up only: " << Minus(baseline, now)
@@ -501,8 +512,9 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
   printf("  the agent's binds to vfio-pci %d, its unbinds %d; unbinds of a GPU held by a running pod: 0 (%d held-GPU "
          "steps checked)\n", agent_binds, agent_unbinds, held_gpu_steps);
   printf("  open fds the agent holds (in %d reads over %lld ms), after the warm-up -> before the stop: worst change "
-         "%+d (%d agent processes checked)\n",
-         kHeldReads, static_cast<long long>(50 * (kHeldReads - 1)), worst_fd_growth, fd_checked_processes);
+         "%+d (%d agent processes checked; most windows needed %d of %d)\n",
+         kHeldReads, static_cast<long long>(50 * (kHeldReads - 1)), worst_fd_growth, fd_checked_processes,
+         most_windows, kHeldWindows);
   printf("  worst rise of the floor within one agent process (%d long-lived enough to check): agent threads "
          "%+d, gRPC pool threads %+d, RSS %+lld kB; most idle workers kept %d (cap %zu)\n",
          checked_processes, worst_growth.threads, worst_growth.grpc_threads,

@@ -77,7 +77,7 @@ TEST(HostCliTest, KubevirtCrThatIsNotARegularFileIsAUsageError) {
   vfio_agent::testing::TempDir dir;
   const std::filesystem::path fifo = dir.path() / "cr.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const std::string file : {std::string("/dev/zero"), fifo.string()}) {
+  for (const std::string& file : {std::string("/dev/zero"), fifo.string()}) {
     const AgentRun run = Agent(absl::StrCat("--kubevirt-cr ", file, " --layers kubevirt 2>&1"));
     EXPECT_EQ(run.exit_code, 2) << file << ": " << run.out;
   }
