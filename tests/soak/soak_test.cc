@@ -107,6 +107,12 @@ std::set<std::string> OpenFds(pid_t pid) {
   return fds;
 }
 
+std::set<std::string> Intersect(const std::set<std::string>& a, const std::set<std::string>& b) {
+  std::set<std::string> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::inserter(both, both.end()));
+  return both;
+}
+
 // The fds the agent holds: those open, with the same target, in every one of kHeldReads reads 50 ms apart. The
 // soak injects nothing meanwhile, so what the agent keeps holds still, while a scan's attribute reads, a readiness
 // pass's pod-resources connection and a Register's connection come and go between the reads.
@@ -116,10 +122,7 @@ std::set<std::string> HeldFds(pid_t pid) {
   std::set<std::string> held = OpenFds(pid);
   for (int read = 1; read < kHeldReads; ++read) {
     std::this_thread::sleep_for(milliseconds(50));
-    const std::set<std::string> now = OpenFds(pid);
-    std::set<std::string> both;
-    std::set_intersection(held.begin(), held.end(), now.begin(), now.end(), std::inserter(both, both.end()));
-    held = std::move(both);
+    held = Intersect(held, OpenFds(pid));
   }
   return held;
 }
@@ -322,10 +325,7 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
     // held through every one: a scan ends, a kept fd stays.
     std::set<std::string> now = HeldFds(process.pid());
     for (int window = 1; window < kHeldWindows && now.size() > baseline.size(); ++window) {
-      const std::set<std::string> again = HeldFds(process.pid());
-      std::set<std::string> both;
-      std::set_intersection(now.begin(), now.end(), again.begin(), again.end(), std::inserter(both, both.end()));
-      now = std::move(both);
+      now = Intersect(now, HeldFds(process.pid()));
       most_windows = std::max(most_windows, window + 1);
     }
     ++fd_checked_processes;
