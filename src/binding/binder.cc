@@ -76,12 +76,13 @@ class DeviceBinder {
   void Bind() {
     // The plan is a snapshot; act on the device as it is now.
     absl::StatusOr<pci::Function> now = pci::ReadFunction(paths_.sysfs_root, result_.bdf);
-    if (!now.ok()) return Finish(Outcome::kFailed, absl::StrCat("cannot read the device: ", now.status().message()));
+    if (!now.ok()) return Finish(Outcome::kFailed, Failure::kUnreadable, absl::StrCat("cannot read the device: ", now.status().message()));
     result_.driver_before = now->driver;
     result_.driver_after = now->driver;
-    if (pci::IsVfioDriver(now->driver)) return Finish(Outcome::kAlreadyBound, "");
+    if (pci::IsVfioDriver(now->driver)) return Finish(Outcome::kAlreadyBound, Failure::kNone, "");
     if (!now->iommu_group) {
-      return Finish(Outcome::kBlocked, "no IOMMU group: vfio cannot take it and unbinding would leave it driverless");
+      return Finish(Outcome::kBlocked, Failure::kNoIommuGroup,
+                    "no IOMMU group: vfio cannot take it and unbinding would leave it driverless");
     }
     const std::string& target = result_.target_driver;
     const std::string previous_override = now->driver_override;
@@ -92,7 +93,8 @@ class DeviceBinder {
         if (IsNvidiaDriver(now->driver)) result_.holders = NvidiaHolders(paths_);
         if (absl::IsDeadlineExceeded(s)) return Abort(s, absl::StrCat("unbind from ", now->driver));
         writer_.SetOverride(previous_override).IgnoreError();  // best effort; the result is in steps
-        return Finish(Outcome::kFailed, absl::StrCat("unbind from ", now->driver, " failed: ", s.message()));
+        return Finish(Outcome::kFailed, Failure::kUnbindFailed,
+                      absl::StrCat("unbind from ", now->driver, " failed: ", s.message()));
       }
     }
     // drivers/<target>/bind reports vfio's probe error; drivers_probe is tried once more when it fails
@@ -108,7 +110,7 @@ class DeviceBinder {
   void Verify(const absl::Status& bind, const std::string& previous_override) {
     const std::filesystem::path device = paths_.PciDevice(result_.bdf);
     result_.driver_after = CurrentDriver(paths_, result_.bdf);
-    if (!fs::Exists(device)) return Finish(Outcome::kFailed, "device removed during bind");
+    if (!fs::Exists(device)) return Finish(Outcome::kFailed, Failure::kDeviceRemoved, "device removed during bind");
     const std::string bind_note = bind.ok() ? "" : absl::StrCat(" (bind: ", bind.message(), ")");
     if (result_.driver_after != result_.target_driver) {
       std::string reason = absl::StrCat("driver after bind is ", DriverText(result_.driver_after), bind_note);
@@ -117,16 +119,16 @@ class DeviceBinder {
       writer_.Probe().IgnoreError();
       result_.driver_after = CurrentDriver(paths_, result_.bdf);
       absl::StrAppend(&reason, "; reprobed, now ", DriverText(result_.driver_after));
-      return Finish(Outcome::kFailed, reason);
+      return Finish(Outcome::kFailed, Failure::kBindFailed, reason);
     }
     const std::filesystem::path node = paths_.VfioDir() / std::to_string(group_);
     if (!WaitForDevnode(paths_, result_.bdf, group_, options_.devnode_wait)) {
-      return Finish(Outcome::kFailed, absl::StrCat("on ", result_.target_driver, " but neither ", node.string(),
+      return Finish(Outcome::kFailed, Failure::kDevnodeMissing, absl::StrCat("on ", result_.target_driver, " but neither ", node.string(),
                                                    " nor (with ", (paths_.dev_root / "iommu").string(),
                                                    ") its cdevs under ", (paths_.VfioDir() / "devices").string(),
                                                    " appeared within ", absl::FormatDuration(options_.devnode_wait)));
     }
-    Finish(Outcome::kBound, bind.ok() ? "" : absl::StrCat("bound via drivers_probe", bind_note));
+    Finish(Outcome::kBound, Failure::kNone, bind.ok() ? "" : absl::StrCat("bound via drivers_probe", bind_note));
   }
 
   // A failed or abandoned write: a write still blocked in the kernel means the device's state is unknown,
@@ -134,16 +136,19 @@ class DeviceBinder {
   void Abort(const absl::Status& status, const std::string& what) {
     result_.driver_after = CurrentDriver(paths_, result_.bdf);
     if (absl::IsDeadlineExceeded(status)) {
-      return Finish(Outcome::kBlocked, absl::StrCat(what, " did not return within ",
+      return Finish(Outcome::kBlocked, Failure::kWriteDeadline, absl::StrCat(what, " did not return within ",
                                                     absl::FormatDuration(options_.write_timeout),
                                                     "; abandoned, the kernel may still complete it"));
     }
-    if (!fs::Exists(paths_.PciDevice(result_.bdf))) return Finish(Outcome::kFailed, "device removed during bind");
-    Finish(Outcome::kFailed, absl::StrCat(what, " failed: ", status.message()));
+    if (!fs::Exists(paths_.PciDevice(result_.bdf))) {
+      return Finish(Outcome::kFailed, Failure::kDeviceRemoved, "device removed during bind");
+    }
+    Finish(Outcome::kFailed, Failure::kBindFailed, absl::StrCat(what, " failed: ", status.message()));
   }
 
-  void Finish(Outcome outcome, std::string reason) {
+  void Finish(Outcome outcome, Failure failure, std::string reason) {
     result_.outcome = outcome;
+    result_.failure = failure;
     result_.reason = std::move(reason);
     if (!result_.holders.empty()) {
       std::vector<std::string> held;
@@ -173,9 +178,11 @@ std::vector<DeviceResult> BindGroup(const BinderOptions& options, const PlannedG
       result.outcome = Outcome::kAlreadyBound;
     } else if (fn.action != Action::kBind) {
       result.outcome = Outcome::kBlocked;
+      result.failure = fn.blocked_by != Failure::kNone ? fn.blocked_by : Failure::kIommuGroup;
       if (result.reason.empty()) result.reason = group.reason;
     } else if (!stopped_by.empty()) {
       result.outcome = Outcome::kBlocked;
+      result.failure = Failure::kIommuGroup;
       result.reason = absl::StrCat("not attempted: ", stopped_by);
     } else if (options.dry_run) {
       result.outcome = Outcome::kWouldBind;
@@ -210,6 +217,7 @@ void PrepareDrivers(const BinderOptions& options, Plan* plan, std::vector<std::s
         fn.target_registered = true;
       } else {
         fn.action = Action::kBlocked;
+        fn.blocked_by = Failure::kDriver;
         fn.reason = std::string(it->second.status().message());
       }
     }
@@ -217,6 +225,22 @@ void PrepareDrivers(const BinderOptions& options, Plan* plan, std::vector<std::s
 }
 
 }  // namespace
+
+const char* FailureName(Failure failure) {
+  switch (failure) {
+    case Failure::kNone: return "";
+    case Failure::kWriteDeadline: return "write_deadline";
+    case Failure::kNoIommuGroup: return "no_iommu_group";
+    case Failure::kIommuGroup: return "iommu_group";
+    case Failure::kDevnodeMissing: return "devnode_missing";
+    case Failure::kDeviceRemoved: return "device_removed";
+    case Failure::kUnbindFailed: return "unbind_failed";
+    case Failure::kDriver: return "driver";
+    case Failure::kUnreadable: return "unreadable";
+    case Failure::kBindFailed: return "bind_failed";
+  }
+  return "bind_failed";
+}
 
 const char* OutcomeName(Outcome outcome) {
   switch (outcome) {

@@ -207,6 +207,7 @@ Plan MakePlan(const pci::Inventory& inventory, const pci::Selection& selection, 
         unreadable.bdf = member.bdf;
         unreadable.role = member.role;
         unreadable.reason = "unreadable (see scan errors)";
+        unreadable.blocked_by = Failure::kUnreadable;
         group.functions.push_back(std::move(unreadable));
         continue;
       }
@@ -214,9 +215,11 @@ Plan MakePlan(const pci::Inventory& inventory, const pci::Selection& selection, 
       if (group.blocked && planned.action == Action::kBind) {
         planned.action = Action::kBlocked;
         planned.reason = group.reason;
+        planned.blocked_by = Failure::kIommuGroup;
       } else if (member.role == pci::Role::kForeign && !pci::IsViableDriver(fn->driver)) {
         planned.action = Action::kBlocked;
         planned.reason = absl::StrCat("foreign endpoint bound to ", fn->driver, "; blocks the group");
+        planned.blocked_by = Failure::kIommuGroup;
       }
       group.functions.push_back(std::move(planned));
     }
@@ -233,6 +236,7 @@ Plan MakePlan(const pci::Inventory& inventory, const pci::Selection& selection, 
     PlannedFunction planned = PlanMember(*fn, selection.RoleOf(bdf), chooser);
     planned.action = Action::kBlocked;
     planned.reason = group.reason;
+    planned.blocked_by = Failure::kNoIommuGroup;
     group.functions.push_back(std::move(planned));
     plan.groups.push_back(std::move(group));
   }

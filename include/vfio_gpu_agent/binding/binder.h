@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "vfio_gpu_agent/binding/failure.h"
 #include "vfio_gpu_agent/binding/holders.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/pci/selection.h"
@@ -58,6 +59,7 @@ struct DeviceResult {
   std::string target_driver;  // bind: the vfio driver; unbind: "" (whatever the host reprobes)
   std::string driver_after;
   Outcome outcome = Outcome::kFailed;
+  Failure failure = Failure::kNone;  // bind, with kFailed or kBlocked
   std::string reason;
   std::vector<std::string> steps;  // every sysfs write and its result, in order
   std::vector<Holder> holders;     // who keeps the device busy (bind from nvidia, unbind of an open group)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "vfio_gpu_agent/binding/failure.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
@@ -93,6 +94,7 @@ struct PlannedFunction {
   bool target_registered = false; // false: the module must be loaded before binding
   Action action = Action::kBlocked;
   std::string reason;             // why blocked, or a note ("on vfio-pci; best variant is ...")
+  Failure blocked_by = Failure::kNone;  // with kBlocked
 };
 
 struct PlannedGroup {
