@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -10,6 +11,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "curl_library.h"
@@ -52,11 +54,23 @@ std::string Truncate(const std::string& text, size_t limit) {
   return text.substr(0, end);
 }
 
+ConditionStatus ParseConditionStatus(const std::string& text) {
+  if (text == "True") return ConditionStatus::kTrue;
+  if (text == "False") return ConditionStatus::kFalse;
+  return ConditionStatus::kUnknown;
+}
+
 std::string Dump(const Json& json) { return json.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 // What went wrong, for "logged once per kind" and for the retry policy.
 enum class Failure { kNone, kUnreachable, kCut, kTimeout, kUnauthorized, kForbidden, kNotFound, kConflict,
-                     kThrottled, kServerError, kRejected, kNoClient };
+                     kThrottled, kServerError, kRejected, kDenied, kNoClient };
+
+// An admission policy's answer (ValidatingAdmissionPolicy, 403 or 422): the same write gets the same answer,
+// so it is not retried.
+bool DeniedByPolicy(long code, const std::string& message) {
+  return (code == 403 || code == 422) && absl::StrContains(message, "ValidatingAdmissionPolicy");
+}
 
 const char* Describe(Failure failure) {
   switch (failure) {
@@ -71,6 +85,7 @@ const char* Describe(Failure failure) {
     case Failure::kThrottled: return "429 Too Many Requests";
     case Failure::kServerError: return "server error (5xx)";
     case Failure::kRejected: return "request rejected";
+    case Failure::kDenied: return "denied by an admission policy";
     case Failure::kNoClient: return "no HTTP client";
   }
   return "unknown";
@@ -176,9 +191,28 @@ class NodeReporterImpl final : public NodeReporter {
 
   ReporterStats Stats() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    ReporterStats stats = stats_;
-    stats.pending_writes = events_.size() + (ConditionDue() ? 1 : 0);
-    return stats;
+    return StatsLocked();
+  }
+
+  void OnStats(std::function<void(const ReporterStats&)> listener) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listener_ = std::move(listener);
+  }
+
+  absl::Status FlushCondition(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // The last word before a stop is worth an attempt now rather than after the current backoff.
+    retry_at_ = TimePoint{};
+    cv_.notify_all();
+    if (!flushed_cv_.wait_for(lock, timeout, [&] { return !ConditionDue(); })) {
+      return absl::DeadlineExceededError(absl::StrCat("node ", options_.node_name, ": the ", kConditionType,
+                                                      " condition was not stored within ", timeout.count(), " ms"));
+    }
+    if (wanted_ && wanted_ == rejected_) {
+      return absl::FailedPreconditionError(absl::StrCat("node ", options_.node_name, ": the API refused the ",
+                                                        kConditionType, " condition"));
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -191,6 +225,7 @@ class NodeReporterImpl final : public NodeReporter {
       case Failure::kNotFound: return absl::NotFoundError(outcome.detail);
       case Failure::kTimeout: return absl::DeadlineExceededError(outcome.detail);
       case Failure::kRejected: return absl::InvalidArgumentError(outcome.detail);
+      case Failure::kDenied: return absl::PermissionDeniedError(outcome.detail);
       case Failure::kNoClient: return absl::FailedPreconditionError(outcome.detail);
       default: return absl::UnavailableError(outcome.detail);
     }
@@ -225,7 +260,8 @@ class NodeReporterImpl final : public NodeReporter {
                                   ? outcome.body["message"].get<std::string>()
                                   : Truncate(response->body, 200);
         outcome.detail = absl::StrCat(where, ": ", outcome.code, " ", message);
-        if (outcome.code == 401) outcome.failure = Failure::kUnauthorized;
+        if (DeniedByPolicy(outcome.code, message)) outcome.failure = Failure::kDenied;
+        else if (outcome.code == 401) outcome.failure = Failure::kUnauthorized;
         else if (outcome.code == 403) outcome.failure = Failure::kForbidden;
         else if (outcome.code == 404) outcome.failure = Failure::kNotFound;
         else if (outcome.code == 409) outcome.failure = Failure::kConflict;
@@ -243,6 +279,40 @@ class NodeReporterImpl final : public NodeReporter {
   // --- worker (mutex_ held except around requests) ---
 
   bool ConditionDue() const { return wanted_ && wanted_ != accepted_ && wanted_ != rejected_; }
+
+  ReporterStats StatsLocked() const {
+    ReporterStats stats = stats_;
+    stats.pending_writes = events_.size() + (ConditionDue() ? 1 : 0);
+    return stats;
+  }
+
+  // The listener runs without the lock, so that it may read anything it likes.
+  void ReportStats(std::unique_lock<std::mutex>& lock) {
+    if (!listener_) return;
+    const ReporterStats stats = StatsLocked();
+    if (reported_ && *reported_ == stats) return;
+    reported_ = stats;
+    const std::function<void(const ReporterStats&)> listener = listener_;
+    lock.unlock();
+    listener(stats);
+    lock.lock();
+  }
+
+  // The stored condition is the wanted one and its lastHeartbeatTime is one interval old.
+  std::optional<std::chrono::system_clock::time_point> HeartbeatAt() const {
+    if (!node_known_ || !wanted_ || stored_ != wanted_ || ConditionDue()) return std::nullopt;
+    if (!stored_heartbeat_) return std::chrono::system_clock::time_point{};  // unreadable: refresh it now
+    return *stored_heartbeat_ + options_.heartbeat_interval;
+  }
+  bool HeartbeatDue() const {
+    const auto at = HeartbeatAt();
+    return at && clock_.WallNow() >= *at;
+  }
+  TimePoint NextHeartbeat() const {
+    const auto at = HeartbeatAt();
+    if (!at) return TimePoint::max();
+    return clock_.Now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(*at - clock_.WallNow());
+  }
 
   bool TakeWriteToken(TimePoint now) {
     const double elapsed = std::chrono::duration<double>(now - refilled_at_).count();
@@ -286,9 +356,11 @@ class NodeReporterImpl final : public NodeReporter {
     (void)Curl();
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
-      const bool work = ConditionDue() || !events_.empty();
+      ReportStats(lock);
+      if (stopping_) break;
+      const bool work = ConditionDue() || !events_.empty() || HeartbeatDue();
       if (!work) {
-        clock_.WaitUntil(cv_, lock, TimePoint::max());
+        clock_.WaitUntil(cv_, lock, NextHeartbeat());
         continue;
       }
       const TimePoint now = clock_.Now();
@@ -300,15 +372,18 @@ class NodeReporterImpl final : public NodeReporter {
         FetchNode(lock, now);
         continue;
       }
-      if (!ConditionDue() && events_.empty()) continue;  // the fetched node already carried the condition
+      // The fetched node may already carry the condition.
+      if (!ConditionDue() && events_.empty() && !HeartbeatDue()) continue;
       if (!TakeWriteToken(now)) {
         clock_.WaitUntil(cv_, lock, NextWriteToken());
         continue;
       }
       if (ConditionDue()) {
-        PatchCondition(lock, now);
-      } else {
+        PatchCondition(lock, now, /*heartbeat=*/false);
+      } else if (!events_.empty()) {
         WriteEvent(lock, now);
+      } else {
+        PatchCondition(lock, now, /*heartbeat=*/true);
       }
     }
   }
@@ -326,13 +401,15 @@ class NodeReporterImpl final : public NodeReporter {
     node_uid_ = metadata.value("uid", "");
     node_resource_version_ = metadata.value("resourceVersion", "");
     stored_ = std::nullopt;
+    stored_heartbeat_ = std::nullopt;
     const Json& conditions = outcome.body["status"]["conditions"];
     if (conditions.is_array()) {
       for (const Json& condition : conditions) {
         if (condition.is_object() && condition.value("type", "") == kConditionType) {
-          stored_ = NodeCondition{.ready = condition.value("status", "") == "True",
+          stored_ = NodeCondition{.status = ParseConditionStatus(condition.value("status", "")),
                                   .reason = condition.value("reason", ""),
                                   .message = condition.value("message", "")};
+          stored_heartbeat_ = ParseRfc3339(condition.value("lastHeartbeatTime", ""));
         }
       }
     }
@@ -342,28 +419,33 @@ class NodeReporterImpl final : public NodeReporter {
     Succeeded();
   }
 
-  void PatchCondition(std::unique_lock<std::mutex>& lock, TimePoint now) {
+  void PatchCondition(std::unique_lock<std::mutex>& lock, TimePoint now, bool heartbeat) {
     const NodeCondition sending = *wanted_;
-    const std::string stamp = Rfc3339(clock_.WallNow());
+    const auto sent_at = std::chrono::time_point_cast<std::chrono::seconds>(clock_.WallNow());
+    const std::string stamp = Rfc3339(sent_at);
     Json condition = {{"type", kConditionType},
-                      {"status", sending.ready ? "True" : "False"},
+                      {"status", ConditionStatusName(sending.status)},
                       {"reason", sending.reason},
                       {"message", sending.message},
                       {"lastHeartbeatTime", stamp}};
     // Strategic merge keeps the stored lastTransitionTime when the patch leaves it out.
-    if (!stored_ || stored_->ready != sending.ready) condition["lastTransitionTime"] = stamp;
-    // The precondition makes a patch decided on a stale view (lastTransitionTime) fail with 409.
-    Json patch = {{"metadata", {{"resourceVersion", node_resource_version_}}},
-                  {"status", {{"conditions", Json::array({condition})}}}};
+    if (!stored_ || stored_->status != sending.status) condition["lastTransitionTime"] = stamp;
+    Json patch = {{"status", {{"conditions", Json::array({condition})}}}};
+    // The precondition makes a patch decided on a stale view (lastTransitionTime) fail with 409. A heartbeat
+    // decides nothing (same status, no transition time), and the kubelet's own status updates would make
+    // most of them a 409 and a read: it goes without.
+    if (!heartbeat) patch["metadata"] = {{"resourceVersion", node_resource_version_}};
     lock.unlock();
     Outcome outcome = Request("PATCH", NodePath() + "/status", kStrategicMergePatch, Dump(patch), options_.request_timeout);
     lock.lock();
     if (outcome.ok()) {
       accepted_ = sending;
       stored_ = sending;
+      stored_heartbeat_ = sent_at;
       node_resource_version_ = outcome.body["metadata"].value("resourceVersion", node_resource_version_);
       ++stats_.condition_patches;
       Succeeded();
+      flushed_cv_.notify_all();
       return;
     }
     if (outcome.failure == Failure::kConflict || outcome.failure == Failure::kNotFound) {
@@ -371,13 +453,24 @@ class NodeReporterImpl final : public NodeReporter {
       Failed(outcome, now, /*back_off=*/outcome.failure == Failure::kNotFound);
       return;
     }
-    if (outcome.failure == Failure::kRejected) {
-      spdlog::error("node {}: Kubernetes API rejected the {} condition, not retrying it: {}", options_.node_name,
-                    kConditionType, outcome.detail);
+    if (outcome.failure == Failure::kRejected || outcome.failure == Failure::kDenied) {
+      if (outcome.failure == Failure::kRejected || logged_failures_.insert(Failure::kDenied).second) {
+        spdlog::error("node {}: Kubernetes API {} the {} condition, not retrying it: {}", options_.node_name,
+                      outcome.failure == Failure::kDenied ? "denied (admission policy)" : "rejected", kConditionType,
+                      outcome.detail);
+      }
       rejected_ = sending;
+      flushed_cv_.notify_all();
       return;
     }
     Failed(outcome, now);
+  }
+
+  // Once until a request succeeds: a policy that denies one event denies the next for the same reason.
+  void LogDenied(const Outcome& outcome) {
+    if (!logged_failures_.insert(Failure::kDenied).second) return;
+    spdlog::error("node {}: Kubernetes API denied an event (admission policy), dropping it and not retrying; "
+                  "further denials are not logged until a request succeeds: {}", options_.node_name, outcome.detail);
   }
 
   std::string NextEventName(std::chrono::system_clock::time_point time) {
@@ -445,6 +538,10 @@ class NodeReporterImpl final : public NodeReporter {
         spdlog::error("node {}: Kubernetes API rejected the series update of event {}: {}", options_.node_name,
                       sent->second.name, outcome.detail);
         sent_.erase(pending.key);
+      } else if (outcome.failure == Failure::kDenied) {
+        LogDenied(outcome);
+        ++stats_.events_dropped;
+        Consume(pending.occurrences);
       } else {
         Failed(outcome, now);
       }
@@ -468,6 +565,10 @@ class NodeReporterImpl final : public NodeReporter {
                     std::get<1>(pending.key), std::get<2>(pending.key), outcome.detail);
       ++stats_.events_dropped;
       Consume(pending.occurrences);
+    } else if (outcome.failure == Failure::kDenied) {
+      LogDenied(outcome);
+      ++stats_.events_dropped;
+      Consume(pending.occurrences);
     } else {
       Failed(outcome, now);
     }
@@ -479,6 +580,7 @@ class NodeReporterImpl final : public NodeReporter {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable flushed_cv_;  // a condition patch ended (accepted or refused)
   bool stopping_ = false;
   std::atomic<bool> abort_{false};
   ReporterStats stats_;
@@ -487,6 +589,9 @@ class NodeReporterImpl final : public NodeReporter {
   std::optional<NodeCondition> accepted_;
   std::optional<NodeCondition> rejected_;
   std::optional<NodeCondition> stored_;  // as the node carried it at the last read or accepted patch
+  std::optional<std::chrono::system_clock::time_point> stored_heartbeat_;  // its lastHeartbeatTime
+  std::function<void(const ReporterStats&)> listener_;
+  std::optional<ReporterStats> reported_;
   bool node_known_ = false;
   std::string node_uid_;
   std::string node_resource_version_;
@@ -508,6 +613,15 @@ class NodeReporterImpl final : public NodeReporter {
 
 }  // namespace
 
+const char* ConditionStatusName(ConditionStatus status) {
+  switch (status) {
+    case ConditionStatus::kTrue: return "True";
+    case ConditionStatus::kFalse: return "False";
+    case ConditionStatus::kUnknown: return "Unknown";
+  }
+  return "Unknown";
+}
+
 Clock& RealClock() {
   static SteadyClock clock;
   return clock;
@@ -515,6 +629,13 @@ Clock& RealClock() {
 
 std::string Rfc3339(std::chrono::system_clock::time_point time) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromChrono(time), absl::UTCTimeZone());
+}
+
+std::optional<std::chrono::system_clock::time_point> ParseRfc3339(const std::string& text) {
+  absl::Time time;
+  std::string error;
+  if (text.empty() || !absl::ParseTime(absl::RFC3339_full, text, &time, &error)) return std::nullopt;
+  return absl::ToChronoTime(time);
 }
 
 std::string Rfc3339Micro(std::chrono::system_clock::time_point time) {

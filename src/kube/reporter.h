@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "api_client.h"
@@ -36,6 +37,7 @@ struct ReporterOptions {
   std::chrono::milliseconds request_timeout = std::chrono::seconds(10);
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(60);
+  std::chrono::seconds heartbeat_interval = std::chrono::minutes(5);  // 12 requests an hour at most
 };
 
 // Starts the worker; it sends nothing until there is something to write.
@@ -44,5 +46,7 @@ std::unique_ptr<NodeReporter> StartNodeReporter(std::unique_ptr<ApiClient> clien
 // "2026-12-01T21:00:00Z" (metav1.Time) and "2026-12-01T21:00:00.123456Z" (metav1.MicroTime).
 std::string Rfc3339(std::chrono::system_clock::time_point time);
 std::string Rfc3339Micro(std::chrono::system_clock::time_point time);
+// Either form back; nullopt for anything else.
+std::optional<std::chrono::system_clock::time_point> ParseRfc3339(const std::string& text);
 
 }  // namespace vfio_agent::kube

@@ -36,8 +36,8 @@ constexpr char kStatus[] = "/api/v1/nodes/node-a/status";
 constexpr char kNode[] = "/api/v1/nodes/node-a";
 constexpr char kEvents[] = "/apis/events.k8s.io/v1/namespaces/default/events";
 
-const NodeCondition kReady{.ready = true, .reason = "AllDevicesReady", .message = "8 GPUs bound and registered"};
-const NodeCondition kNotBound{.ready = false, .reason = "DeviceNotBound", .message = "check binding.driver: 0000:3b:00.0"};
+const NodeCondition kReady{.status = ConditionStatus::kTrue, .reason = "AllDevicesReady", .message = "8 GPUs bound and registered"};
+const NodeCondition kNotBound{.status = ConditionStatus::kFalse, .reason = "DeviceNotBound", .message = "check binding.driver: 0000:3b:00.0"};
 
 std::vector<std::string> Statuses(const KubeApiSim& api, const std::string& method, const std::string& path) {
   std::vector<std::string> statuses;
@@ -82,8 +82,12 @@ class ReporterTest : public testing::KubeApiSimTest {
     return sleeping ? until : std::nullopt;
   }
 
+  // Asleep with nothing due for a minute: no write waits (the next heartbeat is minutes away, if any).
   bool WaitForIdle() {
-    return KubeApiSim::WaitFor([&] { return clock_.SleepingUntil() == TimePoint::max(); });
+    return KubeApiSim::WaitFor([&] {
+      const std::optional<TimePoint> until = clock_.SleepingUntil();
+      return until && (*until == TimePoint::max() || *until > clock_.Now() + 1min);
+    });
   }
 
   FakeClock clock_;
@@ -102,7 +106,7 @@ TEST_F(ReporterTest, ConditionPatchedOnlyWhenItChanges) {
 
   // Same status, new reason: lastTransitionTime stays, the heartbeat moves.
   clock_.Advance(5s);
-  reporter->SetCondition({.ready = true, .reason = "AllDevicesReady", .message = "7 GPUs bound and registered"});
+  reporter->SetCondition({.status = ConditionStatus::kTrue, .reason = "AllDevicesReady", .message = "7 GPUs bound and registered"});
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 2; }));
   const Json second = OurCondition(*api_->Node("node-a"));
   EXPECT_EQ(second["lastTransitionTime"], first["lastTransitionTime"]);
@@ -140,20 +144,132 @@ TEST_F(ReporterTest, ConditionAlreadyOnTheNodeIsNotPatchedAgain) {
   EXPECT_EQ(api_->Count("PATCH", kStatus), 1u);
 }
 
-TEST_F(ReporterTest, SteadyStateSendsNothing) {
+// In an hour of an unchanged state the API hears the heartbeat alone: 12 PATCHes, each only moving
+// lastHeartbeatTime.
+TEST_F(ReporterTest, SteadyStateSendsOnlyTheHeartbeat) {
   auto reporter = Start(OnFakeClock());
   reporter->SetCondition(kReady);
   reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "8 GPUs bound to vfio-pci");
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_created == 1; }));
   ASSERT_TRUE(WaitForIdle());
   const size_t requests = api_->Log().size();
-  for (int minute = 0; minute < 60; ++minute) {
+  const Json first = OurCondition(*api_->Node("node-a"));
+  for (int minute = 1; minute <= 60; ++minute) {
     clock_.Advance(1min);
     reporter->SetCondition(kReady);
+    const uint64_t beats = static_cast<uint64_t>(minute / 5);
+    ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1 + beats; })) << minute;
+    // Asleep until the next beat: whatever this minute made it send has gone out.
+    ASSERT_TRUE(WaitForTimedSleep()) << minute;
   }
+  EXPECT_EQ(api_->Log().size(), requests + 12);
+  EXPECT_EQ(reporter->Stats().requests, requests + 12);
+  const Json last = OurCondition(*api_->Node("node-a"));
+  EXPECT_EQ(last["status"], "True");
+  EXPECT_EQ(last["lastTransitionTime"], first["lastTransitionTime"]);
+  EXPECT_NE(last["lastHeartbeatTime"], first["lastHeartbeatTime"]);
+  EXPECT_EQ(ParseRfc3339(last["lastHeartbeatTime"].get<std::string>()),
+            std::chrono::time_point_cast<std::chrono::seconds>(clock_.WallNow()));
+}
+
+// The heartbeat's time comes from the node: an agent restarted 3 minutes after the last beat beats 2 minutes
+// later, not 5 (nor at once).
+TEST_F(ReporterTest, HeartbeatAfterARestartFollowsTheStoredBeat) {
+  {
+    auto first = Start(OnFakeClock());
+    first->SetCondition(kReady);
+    ASSERT_TRUE(KubeApiSim::WaitFor([&] { return first->Stats().condition_patches == 1; }));
+  }
+  clock_.Advance(3min);
+  auto restarted = Start(OnFakeClock());
+  restarted->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("GET", kNode) == 2; }));
+  const std::optional<TimePoint> until = WaitForTimedSleep();
+  ASSERT_TRUE(until);
+  EXPECT_LE(*until - clock_.Now(), std::chrono::steady_clock::duration(2min));
+  EXPECT_GT(*until - clock_.Now(), std::chrono::steady_clock::duration(1min));
+  EXPECT_EQ(restarted->Stats().condition_patches, 0u);
+  clock_.Advance(2min);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return restarted->Stats().condition_patches == 1; }));
+  EXPECT_EQ(OurCondition(*api_->Node("node-a"))["status"], "True");
+}
+
+// The last word of a stopping agent: Unknown, stored before FlushCondition returns, even from inside a backoff.
+TEST_F(ReporterTest, FlushStoresTheStopConditionWithinItsTimeout) {
+  auto reporter = Start();
+  reporter->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().condition_patches == 1; }));
+  ASSERT_TRUE(api_->Control("fail PATCH /api/v1/nodes 503 1").ok());
+  reporter->SetCondition({.status = ConditionStatus::kFalse, .reason = "DeviceNotBound", .message = "x"});
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().failures == 1; }));  // now in a 1 s backoff
+  reporter->SetCondition({.status = ConditionStatus::kUnknown, .reason = "AgentStopped", .message = "stopped"});
+  EXPECT_TRUE(reporter->FlushCondition(30s).ok());
+  const Json condition = OurCondition(*api_->Node("node-a"));
+  EXPECT_EQ(condition["status"], "Unknown");
+  EXPECT_EQ(condition["reason"], "AgentStopped");
+  EXPECT_EQ(reporter->Stats().pending_writes, 0u);
+}
+
+TEST_F(ReporterTest, FlushGivesUpAtItsTimeoutWhenTheApiIsDown) {
+  ASSERT_TRUE(api_->Control("hang PATCH /api/v1/nodes -1").ok());
+  auto reporter = Start();
+  reporter->SetCondition({.status = ConditionStatus::kUnknown, .reason = "AgentStopped", .message = "stopped"});
+  const absl::Status status = reporter->FlushCondition(200ms);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr(kConditionType));
+  ASSERT_TRUE(api_->Control("release").ok());
+}
+
+// An admission policy's denial is final for that write: logged once with the policy's words, never retried.
+TEST_F(ReporterTest, PolicyDenialIsLoggedOnceAndNotRetried) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  ASSERT_TRUE(api_->Control("deny-policy PATCH /api/v1/nodes 403 -1").ok());
+  ASSERT_TRUE(api_->Control("deny-policy POST /apis/events.k8s.io 403 -1").ok());
+  auto reporter = Start(OnFakeClock());
+  reporter->SetCondition(kReady);
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "one");
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "two");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().events_dropped == 2; }));
   ASSERT_TRUE(WaitForIdle());
-  EXPECT_EQ(api_->Log().size(), requests);
-  EXPECT_EQ(reporter->Stats().requests, requests);
+  clock_.Advance(10min);  // no backoff, no heartbeat: nothing is due
+  ASSERT_TRUE(WaitForIdle());
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(Statuses(*api_, "PATCH", kStatus), std::vector<std::string>{"403"});
+  EXPECT_EQ(Statuses(*api_, "POST", kEvents), (std::vector<std::string>{"403", "403"}));
+  EXPECT_EQ(reporter->Stats().pending_writes, 0u);
+  const std::string text = log.str();
+  EXPECT_THAT(text, HasSubstr("ValidatingAdmissionPolicy 'vfio-gpu-agent-own-node'"));
+  size_t lines = 0;
+  for (size_t at = text.find("admission policy"); at != std::string::npos; at = text.find("admission policy", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << text;
+  // A new condition is a new write: tried once.
+  reporter->SetCondition(kNotBound);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return Statuses(*api_, "PATCH", kStatus).size() == 2; }));
+}
+
+// The stats listener hears every completed request: a gauge fed by it is never behind the API.
+TEST_F(ReporterTest, StatsListenerHearsEveryCompletedWrite) {
+  std::mutex mu;
+  std::vector<ReporterStats> heard;
+  auto reporter = Start(OnFakeClock());
+  reporter->OnStats([&](const ReporterStats& stats) {
+    std::lock_guard lock(mu);
+    heard.push_back(stats);
+  });
+  reporter->SetCondition(kReady);
+  reporter->RecordEvent(EventType::kNormal, "GPUsBound", "Binding", "8 GPUs bound to vfio-pci");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] {
+    std::lock_guard lock(mu);
+    return !heard.empty() && heard.back().pending_writes == 0 && heard.back().events_created == 1;
+  }));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(heard.back().condition_patches, 1u);
+  EXPECT_EQ(heard.back().requests, api_->Log().size());
+  EXPECT_TRUE(std::any_of(heard.begin(), heard.end(), [](const ReporterStats& s) { return s.pending_writes > 0; }));
 }
 
 TEST_F(ReporterTest, RepeatsBecomeAnEventSeries) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -18,8 +19,11 @@ namespace vfio_agent::kube {
 inline constexpr char kConditionType[] = "GPUPassthroughReady";
 inline constexpr char kReportingController[] = "vfio-gpu-agent";
 
+enum class ConditionStatus { kFalse, kTrue, kUnknown };
+const char* ConditionStatusName(ConditionStatus status);  // "False", "True", "Unknown"
+
 struct NodeCondition {
-  bool ready = false;
+  ConditionStatus status = ConditionStatus::kFalse;
   std::string reason;   // CamelCase: "AllDevicesReady", "DeviceNotBound", "OperatorStillManagesNode", ...
   std::string message;  // names the failing check id and the devices
   bool operator==(const NodeCondition&) const = default;
@@ -37,6 +41,7 @@ struct ReporterStats {
   // Not counters: the writes the API has not accepted yet, in flight included (the node condition when it
   // differs from the stored one, and each distinct event in the queue). 0 = the API holds what the agent said.
   uint64_t pending_writes = 0;
+  bool operator==(const ReporterStats&) const = default;
 };
 
 class NodeReporter {
@@ -44,12 +49,22 @@ class NodeReporter {
   virtual ~NodeReporter() = default;
   // Non-blocking. The condition is patched into nodes/<node>/status only when it differs from the last one
   // the API accepted; while the API is unreachable the latest wanted state is kept and sent when it returns.
+  // While the stored condition is the wanted one, it is patched again every heartbeat interval (5 minutes)
+  // with a new lastHeartbeatTime, so that a condition left by an agent that is no longer running can be told
+  // from a live one.
   virtual void SetCondition(const NodeCondition& condition) = 0;
   // Non-blocking. Repeats of the same (type, reason, note) are folded into an event series; at most one API
   // write per second per node with a burst of 10.
   // `reason` says what happened (GPUsBound, BindBlocked), `action` what the agent was doing (Binding).
   virtual void RecordEvent(EventType type, const std::string& reason, const std::string& action,
                            const std::string& note) = 0;
+  // Blocks until the condition last set is stored on the node (or refused), at most `timeout`: for the
+  // last word before the agent stops. DeadlineExceeded when it is still pending.
+  virtual absl::Status FlushCondition(std::chrono::milliseconds timeout) = 0;
+  // Called on the API worker after every request it completes and whenever its pending writes change, so
+  // that gauges read from these stats are current rather than as of the caller's last poll. Set once, before
+  // the first SetCondition or RecordEvent.
+  virtual void OnStats(std::function<void(const ReporterStats&)> listener) = 0;
   // Blocking reads with a deadline.
   virtual absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) = 0;
   virtual ReporterStats Stats() const = 0;

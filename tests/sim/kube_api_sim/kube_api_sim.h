@@ -8,7 +8,8 @@
 //   EXPECT_TRUE((*api)->WaitFor([&] { return (*api)->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
 //
 // Commands (see kube_api_sim.py): token T | node NAME [LABELS_JSON] | delete-node NAME | touch-node NAME |
-// get-node NAME | events | fail METHOD PREFIX CODE COUNT [RETRY_AFTER] | cut METHOD PREFIX COUNT |
+// get-node NAME | events | fail METHOD PREFIX CODE COUNT [RETRY_AFTER] | deny-policy METHOD PREFIX CODE COUNT |
+// cut METHOD PREFIX COUNT |
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |
 // deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403)
 #pragma once

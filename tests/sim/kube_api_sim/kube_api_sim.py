@@ -14,6 +14,7 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   get-node NAME                   OK <node json>
   events                          OK <json list of stored Events>
   fail METHOD PREFIX CODE COUNT [RETRY_AFTER]   answer the next COUNT (-1: all) matching requests with CODE
+  deny-policy METHOD PREFIX CODE COUNT  a ValidatingAdmissionPolicy's denial (CODE 403 or 422), in kube-apiserver's words
   cut METHOD PREFIX COUNT         send half a response and close the connection
   hang METHOD PREFIX COUNT        hold matching requests until `release` (or 60 s), then close
   release                         let held requests go (their connections are closed)
@@ -225,7 +226,12 @@ def make_handler(state):
                 elif fault["kind"] == "fail":
                     code, body, headers = self.status_object(
                         ApiError(fault["code"], "Injected", f"injected {fault['code']}", fault.get("retry_after")))
-                entry["status"] = code if fault is None or fault["kind"] == "fail" else fault["kind"]
+                elif fault["kind"] == "deny-policy":
+                    code, body, headers = self.status_object(ApiError(
+                        fault["code"], "Forbidden" if fault["code"] == 403 else "Invalid",
+                        f"{path.rsplit('/', 1)[-1]} is forbidden: ValidatingAdmissionPolicy 'vfio-gpu-agent-own-node' "
+                        "with binding 'vfio-gpu-agent-own-node' denied request: the agent may write only its own node"))
+                entry["status"] = code if fault is None or fault["kind"] in ("fail", "deny-policy") else fault["kind"]
                 state.write_log(entry)
             if fault is not None and fault["kind"] == "cut":
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\"")
@@ -392,6 +398,9 @@ def control(state, line):
             if len(args) == 5:
                 fault["retry_after"] = int(args[4])
             state.faults.append(fault)
+        elif command == "deny-policy" and len(args) == 4:
+            state.faults.append({"kind": "deny-policy", "method": args[0], "prefix": args[1], "code": int(args[2]),
+                                 "count": int(args[3])})
         elif command in ("cut", "hang") and len(args) == 3:
             state.released.clear()
             state.faults.append({"kind": command, "method": args[0], "prefix": args[1], "count": int(args[2])})
