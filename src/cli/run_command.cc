@@ -33,6 +33,9 @@ std::vector<FlagSpec> RunFlags() {
       {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket (readiness: allocatable devices)",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
+      {"registration-grace", "MS",
+       "how long registration with the kubelet may take (after a start or a kubelet restart) before it is "
+       "published as a failure (condition False, Warning event), in milliseconds", "30000"},
   };
   for (auto& spec : own) specs.push_back(std::move(spec));
   return specs;
@@ -68,6 +71,9 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   auto resync = IntValue(cmd.flags, "resync-interval", "60000", 100, 3600000);
   if (!resync.ok()) return resync.status();
   options.resync_interval = std::chrono::milliseconds(*resync);
+  auto grace = IntValue(cmd.flags, "registration-grace", "30000", 0, 600000);
+  if (!grace.ok()) return grace.status();
+  options.registration_grace = std::chrono::milliseconds(*grace);
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
   if (cmd.flags.Has("pod-resources-socket")) {

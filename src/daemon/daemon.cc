@@ -13,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 #include "health_server.h"
 #include "metrics.h"
 #include "spdlog/spdlog.h"
@@ -31,8 +30,12 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // The states that clear by themselves within moments (the kubelet dialling back, ListAndWatch reaching
-// its allocatable set): looked at again soon rather than at the next not-ready interval.
+// its allocatable set): looked at again soon rather than at the next not-ready interval, and published as a
+// failure only when they outlast the registration grace.
 constexpr milliseconds kLagRecheck{100};
+bool ClearsByItself(const std::string& check_id) {
+  return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "plugin.advertised";
+}
 constexpr milliseconds kLabelsTimeout{2000};
 constexpr milliseconds kKubeletRecheck{60000};
 
@@ -41,17 +44,9 @@ struct Backoff {
   Clock::time_point next{};
 };
 
-// A short, bounded label for the failure metrics.
-std::string FailureKind(const binding::DeviceResult& result) {
-  const std::string& reason = result.reason;
-  if (absl::StrContains(reason, "did not return within")) return "write_deadline";
-  if (absl::StrContains(reason, "no IOMMU group")) return "no_iommu_group";
-  if (absl::StrContains(reason, "not attempted") || absl::StrContains(reason, "IOMMU group")) return "iommu_group";
-  if (absl::StrContains(reason, "appeared within")) return "devnode_missing";
-  if (absl::StrContains(reason, "removed")) return "device_removed";
-  if (absl::StrContains(reason, "unbind from")) return "unbind_failed";
-  if (absl::StrContains(reason, "module") || absl::StrContains(reason, "driver")) return "driver";
-  return result.outcome == binding::Outcome::kBlocked ? "blocked" : "bind_failed";
+// The metric label of a failed bind; every failed result carries its kind.
+const char* FailureLabel(const binding::DeviceResult& result) {
+  return result.failure == binding::Failure::kNone ? "bind_failed" : binding::FailureName(result.failure);
 }
 
 std::string DriverText(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
@@ -78,8 +73,13 @@ class Daemon::Impl final : public plugin::AgentObserver {
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
+    if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
   }
-  ~Impl() override { Stop(); }
+  ~Impl() override {
+    Stop();
+    // Its worker calls into metrics_ (OnStats), which is destroyed before reporter_ would be.
+    reporter_.reset();
+  }
 
   absl::Status Start();
   void Stop();
@@ -120,6 +120,7 @@ class Daemon::Impl final : public plugin::AgentObserver {
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
+  void Settle(Readiness* readiness);
   void Publish(const Readiness& readiness);
   void PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected);
   void RunHostChecks(const validation::NodeView& view, const std::string& fingerprint);
@@ -128,7 +129,7 @@ class Daemon::Impl final : public plugin::AgentObserver {
   }
 
   DaemonOptions options_;
-  const std::unique_ptr<kube::NodeReporter> reporter_;
+  std::unique_ptr<kube::NodeReporter> reporter_;
   std::unique_ptr<UeventSource> uevents_;  // null: none
   const names::NameResolver names_;
   internal::Metrics metrics_;
@@ -158,6 +159,7 @@ class Daemon::Impl final : public plugin::AgentObserver {
   std::vector<validation::Check> kubelet_checks_;
   std::string kubelet_key_;
   Clock::time_point kubelet_checked_{};
+  std::optional<Clock::time_point> settling_since_;
 
   mutable std::mutex state_mu_;
   std::condition_variable pass_cv_;
@@ -207,6 +209,16 @@ void Daemon::Impl::Stop() {
   }
   pass_cv_.notify_all();
   ready_ = false;
+  if (started_ && reporter_) {
+    // Before deregistering: the kubelet's capacity drops to 0 next, and a True condition must not outlive that.
+    reporter_->SetCondition({.status = kube::ConditionStatus::kUnknown,
+                             .reason = "AgentStopped",
+                             .message = "vfio-gpu-agent stopped; the GPUs stay bound to vfio-pci and the kubelet "
+                                        "advertises none until the agent runs again, which sets this condition anew"});
+    if (absl::Status status = reporter_->FlushCondition(options_.stop_report_timeout); !status.ok()) {
+      spdlog::warn("run: AgentStopped condition not stored: {}", status.ToString());
+    }
+  }
   agent_->Stop();
   health_.Shutdown();
   if (started_) spdlog::info("run: stopped; every device stays on its driver");
@@ -336,7 +348,8 @@ absl::Status Daemon::Impl::PassOnce() {
   }
   const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
       paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
-  const Readiness readiness = Evaluate(*inventory, selection, expected);
+  Readiness readiness = Evaluate(*inventory, selection, expected);
+  Settle(&readiness);
   Publish(readiness);
   PublishDevices(selection, expected);
 
@@ -345,12 +358,15 @@ absl::Status Daemon::Impl::PassOnce() {
     restarts_reported_ = restarts;
     Event(kube::EventType::kNormal, "KubeletRestarted", "Registering", "the kubelet restarted; the device plugin re-registered");
   }
-  if (reporter_) metrics_.SetApiStats(reporter_->Stats());
   metrics_.SetReconciled(std::chrono::system_clock::now(), Clock::now() - start);
-  const bool lagging = readiness.check_id == "plugin.registered" || readiness.check_id == "kubelet.allocatable" ||
-                       readiness.check_id == "plugin.advertised";
-  next_pass_ = Clock::now() + (readiness.ready ? options_.resync_interval
-                                               : lagging ? kLagRecheck : options_.not_ready_interval);
+  if (readiness.ready) {
+    next_pass_ = Clock::now() + options_.resync_interval;
+  } else if (readiness.settling) {
+    // Soon, but never past the end of the grace, when the state is published if it is still there.
+    next_pass_ = std::min(Clock::now() + kLagRecheck, *settling_since_ + options_.registration_grace);
+  } else {
+    next_pass_ = Clock::now() + options_.not_ready_interval;
+  }
   return absl::OkStatus();
 }
 
@@ -403,11 +419,12 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
         backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff
                                                    : std::min(backoff.delay * 2, options_.max_backoff);
         backoff.next = Clock::now() + backoff.delay;
-        metrics_.CountBindFailure(FailureKind(result));
+        metrics_.CountBindFailure(FailureLabel(result));
         const std::string note = absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason);
         bind_failures_[result.bdf] = note;
         spdlog::warn("reconcile: {}; retrying in {} ms", note, backoff.delay.count());
-        Event(kube::EventType::kWarning, "BindBlocked", "Binding", note);
+        // BindBlocked names who holds the GPU; anything else is a failure of the bind itself.
+        Event(kube::EventType::kWarning, result.holders.empty() ? "BindFailed" : "BindBlocked", "Binding", note);
         break;
       }
       default:
@@ -547,6 +564,16 @@ void Daemon::Impl::RunHostChecks(const validation::NodeView& view, const std::st
   spdlog::info("status files in {}: host {}", options_.status_dir.string(), host_ready ? "ready" : "not ready");
 }
 
+void Daemon::Impl::Settle(Readiness* readiness) {
+  if (readiness->ready || !ClearsByItself(readiness->check_id)) {
+    settling_since_.reset();
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (!settling_since_) settling_since_ = now;
+  readiness->settling = now - *settling_since_ < options_.registration_grace;
+}
+
 void Daemon::Impl::Publish(const Readiness& readiness) {
   bool changed;
   {
@@ -558,6 +585,11 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
   ready_ = readiness.ready;
   metrics_.SetReady(readiness.ready, readiness.check_id);
   if (!changed) return;
+  if (readiness.settling) {
+    spdlog::info("not ready yet: {} ({}); published as a failure if it lasts {} s", readiness.check_id,
+                 readiness.message, std::chrono::duration_cast<std::chrono::seconds>(options_.registration_grace).count());
+    return;
+  }
   if (readiness.ready) {
     spdlog::info("ready: {}: {}", readiness.reason, readiness.message);
     Event(kube::EventType::kNormal, "ValidationPassed", "Validating", readiness.message);
@@ -567,7 +599,9 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
           "Validating", readiness.message);
   }
   if (reporter_) {
-    reporter_->SetCondition({.ready = readiness.ready, .reason = readiness.reason, .message = readiness.message});
+    reporter_->SetCondition({.status = readiness.ready ? kube::ConditionStatus::kTrue : kube::ConditionStatus::kFalse,
+                             .reason = readiness.reason,
+                             .message = readiness.message});
   }
 }
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -63,6 +64,23 @@ class RunProcessTest : public ::testing::Test {
       if (c.value("type", "") == "GPUPassthroughReady") return c;
     }
     return nlohmann::json::object();
+  }
+  // Every status PATCH the API accepted that set our condition to `status`.
+  size_t ConditionPatchesWithStatus(const std::string& status) {
+    size_t count = 0;
+    for (const sim::KubeApiRequest& request : api_->Log()) {
+      if (request.method != "PATCH" || request.path != "/api/v1/nodes/node-a/status" || !request.body.is_object()) continue;
+      for (const auto& c : request.body["status"].value("conditions", nlohmann::json::array())) {
+        if (c.value("type", "") == "GPUPassthroughReady" && c.value("status", "") == status) ++count;
+      }
+    }
+    return count;
+  }
+  size_t WarningEvents() {
+    auto events = api_->Events();
+    if (!events.ok()) return 0;
+    return static_cast<size_t>(std::count_if(events->begin(), events->end(),
+                                             [](const auto& event) { return event.value("type", "") == "Warning"; }));
   }
   bool ConditionIs(const std::string& status, const std::string& reason) {
     const nlohmann::json c = ReadyCondition();
@@ -162,7 +180,9 @@ TEST_F(RunProcessTest, UnboundGpuMakesTheNodeNotReadyWithTheReasonAndAnEvent) {
   auto event_about_gpu = [&](const std::string& reason) {
     return WaitUntil([&] { return !EventsWith(reason, "0000:18:00.0").empty(); });
   };
-  EXPECT_TRUE(event_about_gpu("BindBlocked"));
+  // No process holds it: a failed bind, not a blocked one.
+  EXPECT_TRUE(event_about_gpu("BindFailed"));
+  EXPECT_TRUE(EventsWith("BindBlocked").empty());
   EXPECT_TRUE(event_about_gpu("DeviceLost"));
 
   ASSERT_TRUE(node_->Control("bind-errno 0000:18:00.0 0").ok());
@@ -252,6 +272,61 @@ TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {
   EXPECT_EQ(after.front()["metadata"].value("name", ""), name);
   EXPECT_EQ(api_->Count("PATCH", "/apis/events.k8s.io/v1/namespaces/default/events/" + name, "200"), 1u);
   EXPECT_TRUE(run_->WaitReady());
+}
+
+// What a rollout and a kubelet restart look like from the API on a healthy node: registration in progress is
+// neither a False condition nor a Warning; SIGTERM leaves Unknown (AgentStopped), never a stale True.
+TEST_F(RunProcessTest, RestartsOnAHealthyNodeSendNoWarningAndNoFalseCondition) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  const std::string kubeconfig = StartApi();
+  const std::vector<std::string> args = {"--kubeconfig", kubeconfig, "--node-name", "node-a"};
+  StartRun(args);
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+  // The API gauges follow each answered request, not the next resync pass (60 s away here).
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_kube_api_pending_writes 0"));
+  EXPECT_TRUE(WaitUntil([&] {
+    return run_->Metrics().find(absl::StrCat("vfio_gpu_agent_kube_api{counter=\"requests\"} ", api_->Log().size(), "\n")) !=
+           std::string::npos;
+  }));
+
+  for (int restart = 1; restart <= 2; ++restart) {
+    ASSERT_TRUE(node_->kubelet().Restart().ok());
+    ASSERT_TRUE(run_->WaitMetric(absl::StrCat("vfio_gpu_agent_kubelet_restarts_total ", restart)));
+    ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+    ASSERT_TRUE(run_->WaitReady());
+  }
+
+  EXPECT_EQ(run_->SignalAndWait(SIGTERM), 0);
+  const nlohmann::json stopped = ReadyCondition();
+  EXPECT_EQ(stopped.value("status", ""), "Unknown");
+  EXPECT_EQ(stopped.value("reason", ""), "AgentStopped");
+  EXPECT_THAT(stopped.value("message", ""), HasSubstr("stay bound to vfio-pci"));
+
+  StartRun(args);  // the rollout's new pod
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(ConditionPatchesWithStatus("False"), 0u);
+  EXPECT_EQ(WarningEvents(), 0u);
+  EXPECT_EQ(ConditionPatchesWithStatus("Unknown"), 1u);
+}
+
+// Registration that outlasts the grace (the kubelet is gone) is published: False, NotRegistered, a Warning.
+TEST_F(RunProcessTest, RegistrationPastTheGraceIsPublishedAsAFailure) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  StartRun({"--kubeconfig", StartApi(), "--node-name", "node-a", "--registration-grace", "300"});
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+  node_->kubelet().Stop();
+  EXPECT_TRUE(run_->WaitReady(false));
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("False", "NotRegistered"); }));
+  EXPECT_TRUE(WaitUntil([&] { return !EventsWith("ValidationFailed", "plugin.registered").empty(); }));
+  ASSERT_TRUE(node_->kubelet().Start().ok());
+  EXPECT_TRUE(run_->WaitReady());
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
 }
 
 TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {

@@ -38,6 +38,12 @@ struct DaemonOptions {
   std::chrono::milliseconds max_backoff{std::chrono::minutes(5)};
   std::chrono::milliseconds live_limit{std::chrono::minutes(2)};  // a loop silent this long is not live
   std::chrono::milliseconds kubelet_wait{2000};                   // pod-resources call deadline
+  // Registration in progress (after a start or a kubelet restart) is published as a failure only when it
+  // lasts this long; until then the probe says not ready and the API hears nothing.
+  std::chrono::milliseconds registration_grace{30000};
+  // On Stop, how long the AgentStopped condition may take to reach the API before the plugin deregisters
+  // (well inside the pod's termination grace period, 30 s by default).
+  std::chrono::milliseconds stop_report_timeout{5000};
 };
 
 // What the health service answers and the node condition says.
@@ -46,6 +52,9 @@ struct Readiness {
   std::string check_id;  // failing check ("devices.bound", ...); "" when ready
   std::string reason;    // node condition reason: "AllDevicesReady", "DeviceNotBound", ...
   std::string message;   // names the check and the devices
+  // Not ready, in a state that clears by itself (the kubelet dialling back, ListAndWatch reaching its
+  // allocatable set) and younger than the registration grace: neither a False condition nor a Warning.
+  bool settling = false;
   bool operator==(const Readiness&) const = default;
 };
 
@@ -79,7 +88,9 @@ class Daemon {
   // Health and metrics listeners, the coexistence check, the first bind pass, the device plugin, then the
   // loop in the background. Fails only when a listener cannot bind or sysfs cannot be read.
   absl::Status Start();
-  // Deregisters (empty device lists), removes the plugin sockets, stops the listeners. Nothing is unbound.
+  // Sets the node condition to Unknown (AgentStopped: the GPUs stay bound) and waits for the API to store it,
+  // at most stop_report_timeout; then deregisters (empty device lists), removes the plugin sockets, stops the
+  // listeners. Nothing is unbound.
   void Stop();
 
   Readiness State() const;
