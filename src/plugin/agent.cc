@@ -3,6 +3,11 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <limits>
@@ -46,6 +51,29 @@ constexpr milliseconds kMaxPollWait{1000};          // stat poll while an inotif
 // registration (R22) and will not.
 constexpr milliseconds kFirstStreamWait{5000};
 constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
+// A kubelet that does not answer Register is expected for a while (starting, restarting); only past this
+// is it worth a warning. The daemon's registration grace is the same.
+constexpr milliseconds kQuietRegisterFailures{30000};
+
+// True when a process listens on the Unix socket `path`. The kubelet's registration socket refuses once the
+// kubelet is going down, before the restarted one deletes our socket.
+bool Listening(const std::filesystem::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: behave as if it were up
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string text = path.string();
+  if (text.size() >= sizeof(address.sun_path)) {
+    ::close(fd);
+    return true;
+  }
+  text.copy(address.sun_path, text.size());
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int err = errno;
+  ::close(fd);
+  // EAGAIN: a full backlog, still a listener.
+  return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
+}
 
 // gRPC's async client API on the call's own queue, waited on by a thread that lives as long as the call:
 // the callback API would keep gRPC's shared polling threads waking every second.
@@ -81,6 +109,12 @@ struct Resource {
   Clock::time_point next_attempt{};
   Clock::time_point next_serve{};
   int registrations = 0;
+  int serves = 0;
+  // Register failures since the last success: the first is logged at info, the rest at debug, one warning
+  // when they outlast kQuietRegisterFailures.
+  int failures = 0;
+  Clock::time_point failing_since{};
+  bool failures_warned = false;
 };
 
 std::string ChangeSummary(const PluginDevice* before, const PluginDevice& after) {
@@ -245,7 +279,7 @@ std::vector<ResourceStatus> Agent::Impl::Resources() const {
   std::vector<ResourceStatus> out;
   for (const auto& [name, resource] : resources_) {
     out.push_back({name, resource.socket, resource.registered, resource.registrations,
-                   resource.server ? resource.server->live_streams() : 0});
+                   resource.server ? resource.server->live_streams() : 0, resource.serves});
   }
   return out;
 }
@@ -437,10 +471,17 @@ void Agent::Impl::Reconcile() {
     } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
       reason = "kubelet.sock re-created (kubelet restart)";
     } else if (resource.stream_ended && resource.server->live_streams() == 0) {
-      // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream that
-      // ends before the reply is processed voids that registration too, and the late OK (an older generation)
-      // is then dropped.
-      reason = "ListAndWatch stream ended";
+      if (Listening(kubelet_socket_)) {
+        // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream
+        // that ends before the reply is processed voids that registration too, and the late OK (an older
+        // generation) is then dropped.
+        reason = "ListAndWatch stream ended";
+      } else {
+        // The kubelet is going down: the one that starts next deletes our socket, and the server restarts
+        // then, once, instead of now and again then.
+        spdlog::info("{}: ListAndWatch stream ended with the kubelet down; serving again when it returns", name);
+        resource.registered = false;
+      }
     } else if (resource.registered && resource.server->streams_opened() == 0 &&
                now >= resource.registered_at + kFirstStreamWait) {
       // A kubelet before PR #135437 that handles the end of our previous stream after this Register disconnects
@@ -494,6 +535,7 @@ void Agent::Impl::Serve(Resource& resource) {
   }
   spdlog::info("{}: serving {} devices on {}", name, devices.devices.size(), resource.socket.string());
   resource.server = std::move(server);
+  ++resource.serves;
 }
 
 void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
@@ -558,6 +600,8 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
     resource.registered_kubelet = call.kubelet;
     resource.registered_at = Clock::now();
     resource.backoff = milliseconds(0);
+    resource.failures = 0;
+    resource.failures_warned = false;
     ++resource.registrations;
     spdlog::info("{}: registered with the kubelet as {}", resource.name, call.request.endpoint());
     return;
@@ -567,10 +611,20 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
                                   : std::clamp(resource.backoff * 2, kFirstBackoff, kMaxBackoff);
   const milliseconds jitter(std::uniform_int_distribution<int64_t>(0, resource.backoff.count() / 10)(jitter_));
   resource.next_attempt = Clock::now() + resource.backoff + jitter;
-  auto log = config_error ? spdlog::level::err : spdlog::level::warn;
-  spdlog::log(log, "{}: Register failed ({}: {}); retrying in {} ms or when kubelet.sock appears", resource.name,
-              static_cast<int>(call.status.error_code()), call.status.error_message(),
-              (resource.backoff + jitter).count());
+  const Clock::time_point now = Clock::now();
+  if (resource.failures++ == 0) resource.failing_since = now;
+  auto log = spdlog::level::debug;
+  if (config_error) {
+    log = spdlog::level::err;
+  } else if (resource.failures == 1) {
+    log = spdlog::level::info;  // a kubelet starting or restarting: expected
+  } else if (!resource.failures_warned && now - resource.failing_since >= kQuietRegisterFailures) {
+    log = spdlog::level::warn;
+    resource.failures_warned = true;
+  }
+  spdlog::log(log, "{}: Register failed ({}: {}); retrying in {} ms or when kubelet.sock appears ({} failures "
+              "since the last registration)", resource.name, static_cast<int>(call.status.error_code()),
+              call.status.error_message(), (resource.backoff + jitter).count(), resource.failures);
 }
 
 Agent::Agent(ServeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -449,7 +449,7 @@ grpc::Status ResourceServer::GetPreferredAllocation(const v1beta1::PreferredAllo
     std::vector<std::string> available(container.available_deviceids().begin(), container.available_deviceids().end());
     std::vector<std::string> must(container.must_include_deviceids().begin(), container.must_include_deviceids().end());
     std::vector<std::string> chosen = PreferredAllocation(current->devices, available, must, container.allocation_size());
-    spdlog::info("{}: preferred {} of [{}] must [{}] -> [{}]", resource_name_, container.allocation_size(),
+    spdlog::debug("{}: preferred {} of [{}] must [{}] -> [{}]", resource_name_, container.allocation_size(),
                  absl::StrJoin(available, ","), absl::StrJoin(must, ","), absl::StrJoin(chosen, ","));
     auto* out = response->add_container_responses();
     for (std::string& id : chosen) out->add_deviceids(std::move(id));
@@ -464,6 +464,8 @@ grpc::Status ResourceServer::Allocate(const v1beta1::AllocateRequest& request, v
   };
   std::shared_ptr<const State> current = state();
   const AllocateConfig config{.iommufd = current->iommufd, .cdi = cdi_};
+  // One line per call: the kubelet makes one per container that asks for the resource, i.e. per VM pod admitted.
+  std::vector<std::string> granted;
   for (const v1beta1::ContainerAllocateRequest& container : request.container_requests()) {
     std::vector<std::string> ids(container.devices_ids().begin(), container.devices_ids().end());
     absl::StatusOr<ContainerAllocation> allocation = AllocateContainer(current->devices, config, ids);
@@ -474,8 +476,9 @@ grpc::Status ResourceServer::Allocate(const v1beta1::AllocateRequest& request, v
       return ToGrpc(allocation.status());
     }
     *response->add_container_responses() = ToProto(*allocation);
-    spdlog::info("{}: allocate [{}]", resource_name_, absl::StrJoin(ids, ","));
+    granted.push_back(absl::StrCat("[", absl::StrJoin(ids, ","), "]"));
   }
+  spdlog::info("{}: allocate {}", resource_name_, absl::StrJoin(granted, " "));
   observe(true);
   return grpc::Status::OK;
 }

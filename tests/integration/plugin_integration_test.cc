@@ -105,6 +105,31 @@ TEST_F(PluginIntegrationTest, FiftyKubeletRestartsLoseNoDevice) {
   EXPECT_EQ(State(node_->kubelet(), kH200).identical_repeats, 0);
 }
 
+// A kubelet restart as on a real node: the old kubelet ends (its socket refuses, our stream ends) and the new
+// one deletes every socket before it listens. The agent restarts its server once, when its socket is deleted,
+// not also when the stream ended. The test waits for the agent to have seen the end before the new kubelet
+// starts, as a real restart's gap makes certain.
+TEST_F(PluginIntegrationTest, KubeletRestartRestartsTheServerOnce) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1));
+  const int first = node_->agent().Resources().at(0).serves;
+  constexpr int kRestarts = 5;
+  for (int i = 1; i <= kRestarts; ++i) {
+    node_->kubelet().Stop();
+    ASSERT_TRUE(WaitUntil([&] {
+      const ResourceStatus status = node_->agent().Resources().at(0);
+      return !status.registered && status.live_streams == 0;
+    })) << "restart " << i;
+    ASSERT_TRUE(node_->kubelet().Start().ok());
+    ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1 + i)) << "restart " << i;
+  }
+  const ResourceStatus after = node_->agent().Resources().at(0);
+  EXPECT_EQ(after.serves, first + kRestarts);
+  EXPECT_EQ(after.registrations, 1 + kRestarts);
+}
+
 // The kubelet answers UNKNOWN to a Register whose dial-back timed out, as to a refused name; only the latter
 // is a configuration error worth 30 s. Here every dial-back times out (the simulated kubelet gives it no
 // time at all): the agent must try again at once, not 30 s later.

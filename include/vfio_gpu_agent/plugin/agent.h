@@ -53,6 +53,7 @@ struct ResourceStatus {
   bool registered = false;       // the last Register succeeded and nothing has invalidated it since
   int registrations = 0;         // successful Register calls
   int live_streams = 0;          // ListAndWatch streams open now
+  int serves = 0;                // times its server was started (the first serve and every restart)
 };
 
 class Agent {
