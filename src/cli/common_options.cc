@@ -3,8 +3,6 @@
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
-#include "vfio_gpu_agent/common/fs.h"
 
 namespace vfio_agent::cli {
 
@@ -35,6 +33,13 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
   options.paths.kubelet_dir = flags.Get("kubelet-dir", "/var/lib/kubelet/device-plugins");
   options.paths.modules_root = flags.Get("modules-root", "/lib/modules");
   options.pci_ids = flags.Get("pci-ids");
+  if (flags.Has("pci-ids")) {
+    absl::StatusOr<std::unique_ptr<names::PciIdsDatabase>> db = names::LoadPciIds(options.pci_ids);
+    if (!db.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--pci-ids ", options.pci_ids.string(), ": ", db.status().message()));
+    }
+    options.named_pci_ids = *std::move(db);
+  }
 
   std::string vendor = flags.Get("vendor", "10de");
   std::string_view v = vendor;
@@ -72,16 +77,14 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
   return options;
 }
 
-std::unique_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options) {
-  return names::LoadPciIdsOrWarn(options.pci_ids);
+std::shared_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options) {
+  if (options.named_pci_ids) return options.named_pci_ids;
+  return names::LoadPciIdsOrWarn({});
 }
 
-std::unique_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options) {
-  if (!options.pci_ids.empty() && !fs::Exists(options.pci_ids)) {
-    spdlog::warn("--pci-ids {} does not exist; GPUs without a pinned or overridden name get hex device ids",
-                 options.pci_ids.string());
-  }
-  return names::LazyPciIds(options.pci_ids);
+std::shared_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options) {
+  if (options.named_pci_ids) return options.named_pci_ids;
+  return names::LazyPciIds({});
 }
 
 }  // namespace vfio_agent::cli

@@ -2,7 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
 #include <map>
+
+#include "absl/strings/str_cat.h"
+#include "support/sysfs_tree.h"
 
 #include "vfio_gpu_agent/cli/common_options.h"
 
@@ -140,6 +149,60 @@ TEST(CommonOptionsTest, RejectsAnOverrideFileThatIsNotARegularFile) {
   absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(options.status().message().find("/dev/zero"), std::string::npos) << options.status();
+}
+
+// A --pci-ids the user named is used or refused, never quietly replaced: a name must not depend on whether
+// that file happened to be readable.
+TEST(CommonOptionsTest, NamedPciIdsThatCannotBeReadIsAUsageError) {
+  vfio_agent::testing::TempDir dir;
+  const std::filesystem::path fifo = dir.path() / "pci.ids.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::filesystem::path empty = dir.path() / "empty.ids";
+  std::ofstream(empty) << "";
+  for (const std::string& bad : {std::string("/dev/zero"), fifo.string(), (dir.path() / "missing.ids").string(),
+                                 dir.path().string(), empty.string()}) {
+    FlagValues values;
+    bool help = false;
+    FakeEnv env;
+    ASSERT_TRUE(ParseFlags({"--pci-ids=" + bad}, CommonFlagSpecs(), &values, &help, env.fn()).ok());
+    absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--pci-ids " + bad), std::string::npos) << options.status();
+  }
+}
+
+TEST(CommonOptionsTest, NamedPciIdsIsLoadedOnceAndServesEveryCommand) {
+  vfio_agent::testing::TempDir dir;
+  const std::filesystem::path ids = dir.path() / "pci.ids";
+  std::ofstream(ids) << "10de  NVIDIA Corporation\n\t2236  GA102GL [A10]\n";
+  FlagValues values;
+  bool help = false;
+  FakeEnv env;
+  ASSERT_TRUE(ParseFlags({"--pci-ids=" + ids.string()}, CommonFlagSpecs(), &values, &help, env.fn()).ok());
+  absl::StatusOr<CommonOptions> options = CommonOptionsFromFlags(values);
+  ASSERT_TRUE(options.ok()) << options.status();
+  ASSERT_NE(options->named_pci_ids, nullptr);
+  EXPECT_EQ(LoadNameDatabase(*options), options->named_pci_ids);
+  EXPECT_EQ(LazyNameDatabase(*options), options->named_pci_ids);
+  EXPECT_EQ(LazyNameDatabase(*options)->DeviceName(0x10de, 0x2236), std::optional<std::string>("GA102GL [A10]"));
+}
+
+// The same rule seen from outside, for every command: exit 2 with the path and why.
+TEST(CommonOptionsTest, EveryCommandExitsTwoOnAnUnreadableNamedPciIds) {
+  for (const char* command : {"inspect", "bind", "unbind --all", "serve", "run", "validate", "kubevirt-config"}) {
+    const std::string cmd = absl::StrCat(VFIO_AGENT_BINARY, " ", command, " --pci-ids /dev/zero 2>&1");
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+    const int status = pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << command;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << command << ": " << out;
+    EXPECT_NE(out.find("--pci-ids /dev/zero"), std::string::npos) << command << ": " << out;
+    EXPECT_NE(out.find("not a regular file"), std::string::npos) << command << ": " << out;
+  }
 }
 
 }  // namespace

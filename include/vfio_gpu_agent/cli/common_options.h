@@ -18,6 +18,9 @@ struct CommonOptions {
   HostPaths paths;
   pci::SelectionPolicy policy;
   std::filesystem::path pci_ids;  // empty: first of names::DefaultPciIdsLocations() that exists
+  // Loaded while parsing when --pci-ids names a file: a file the user named that cannot be read is a usage
+  // error, never a quiet fallback to other names.
+  std::shared_ptr<names::PciIdsDatabase> named_pci_ids;
   std::string resource_domain = "nvidia.com";
   std::vector<names::NameOverride> name_overrides;
   bool json = false;
@@ -29,12 +32,12 @@ std::vector<FlagSpec> CommonFlagSpecs();
 
 absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags);
 
-// Loads pci.ids if it can; a missing database only costs names (pinned names and hex ids still work),
-// so it is logged, not fatal. The returned pointer may be null.
-std::unique_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options);
+// The --pci-ids database, or else the first of the default locations if it can be loaded: a missing default
+// database only costs names (pinned names and hex ids still work), so it is logged, not fatal. May be null.
+std::shared_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options);
 
-// For serve and run: pci.ids is loaded when a GPU without a pinned or overridden name first needs it, so a start
-// on a node of Cozystack's GPUs never parses it. Never null; a --pci-ids that does not exist is reported now.
-std::unique_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options);
+// For serve and run: the --pci-ids database, or else the default one loaded when a GPU without a pinned or
+// overridden name first needs it, so a start on a node of Cozystack's GPUs never parses it. Never null.
+std::shared_ptr<names::PciIdsDatabase> LazyNameDatabase(const CommonOptions& options);
 
 }  // namespace vfio_agent::cli
