@@ -194,6 +194,7 @@ TEST_F(BinderSimTest, ForeignDeviceInGroupIsReportedAndUntouched) {
   const BindReport report = MustBind(BindOptions());
   const DeviceResult& gpu = Device(report, "0000:3b:00.0");
   EXPECT_EQ(gpu.outcome, Outcome::kBlocked);
+  EXPECT_EQ(gpu.failure, Failure::kIommuGroup);
   EXPECT_THAT(gpu.reason, HasSubstr("0000:3c:00.0 8086:1572 bound to i40e"));
   EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
   EXPECT_EQ(Driver("0000:3c:00.0"), "i40e");
@@ -261,6 +262,7 @@ TEST_F(BinderSimTest, BlockedUnbindIsAbandonedAndHolderReported) {
 
   const DeviceResult& blocked = Device(report, stuck);
   EXPECT_EQ(blocked.outcome, Outcome::kBlocked);
+  EXPECT_EQ(blocked.failure, Failure::kWriteDeadline);
   EXPECT_THAT(blocked.reason, HasSubstr("did not return within 5s"));
   EXPECT_THAT(blocked.reason, HasSubstr(absl::StrCat("pid ", cuda_app.pid())));
   EXPECT_THAT(blocked.holders, Contains(Field(&Holder::pid, cuda_app.pid())));
@@ -284,6 +286,8 @@ TEST_P(BindErrnoTest, FailedProbeIsReportedAndOtherGroupsBind) {
   SCOPED_TRACE(FormatBindReport(report));
   const DeviceResult& failed = Device(report, "0000:3b:00.0");
   EXPECT_EQ(failed.outcome, Outcome::kFailed);
+  EXPECT_EQ(failed.failure, Failure::kBindFailed);
+  EXPECT_TRUE(failed.holders.empty());
   EXPECT_THAT(failed.reason, HasSubstr(text));
   EXPECT_THAT(failed.steps, Contains(HasSubstr("drivers_probe")));  // the fallback is visible, not silent
   EXPECT_EQ(failed.driver_after, Driver("0000:3b:00.0"));
@@ -312,6 +316,7 @@ TEST_F(BinderSimTest, DeviceRemovedMidBind) {
   SCOPED_TRACE(FormatBindReport(*report));
   const DeviceResult& removed = Device(*report, "0000:3b:00.0");
   EXPECT_EQ(removed.outcome, Outcome::kFailed);
+  EXPECT_EQ(removed.failure, Failure::kDeviceRemoved);
   EXPECT_THAT(removed.reason, HasSubstr("removed"));
   EXPECT_EQ(Device(*report, "0000:86:00.0").outcome, Outcome::kBound);
   EXPECT_FALSE(report->ok());
@@ -329,6 +334,7 @@ TEST_F(BinderSimTest, MissingVfioDriverIsReportedWithoutTouchingDevices) {
   const BindReport report = MustBind(BindOptions());
   SCOPED_TRACE(FormatBindReport(report));
   EXPECT_THAT(report.devices, Each(Field(&DeviceResult::outcome, Outcome::kBlocked)));
+  EXPECT_THAT(report.devices, Each(Field(&DeviceResult::failure, Failure::kDriver)));
   EXPECT_THAT(report.devices, Each(Field(&DeviceResult::reason, HasSubstr("vfio_pci"))));
   EXPECT_THAT(sim_->Log(), IsEmpty());
 }
