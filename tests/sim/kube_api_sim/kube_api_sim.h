@@ -10,7 +10,8 @@
 // Commands (see kube_api_sim.py): token T | node NAME [LABELS_JSON] | delete-node NAME | touch-node NAME |
 // get-node NAME | events | fail METHOD PREFIX CODE COUNT [RETRY_AFTER] | cut METHOD PREFIX COUNT |
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |
-// deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403)
+// deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403) |
+// admission policy|binding JSON | delete-admission policy|binding NAME | admission-api on|off
 #pragma once
 
 #include <sys/types.h>
