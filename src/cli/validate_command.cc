@@ -1,10 +1,12 @@
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/kube/admission_policy_reader.h"
 #include "vfio_gpu_agent/kube/kubevirt_reader.h"
 #include "vfio_gpu_agent/validation/validate.h"
 
@@ -61,6 +63,60 @@ absl::Status ReadKubevirtFromCluster(const ParsedCommand& cmd, std::chrono::mill
   return absl::OkStatus();
 }
 
+validation::ApiObjectRead::Outcome OutcomeOf(const absl::Status& status) {
+  using Outcome = validation::ApiObjectRead::Outcome;
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return Outcome::kFound;
+    case absl::StatusCode::kNotFound: return Outcome::kAbsent;
+    case absl::StatusCode::kUnimplemented: return Outcome::kNotServed;
+    case absl::StatusCode::kUnauthenticated: return Outcome::kUnauthorized;
+    case absl::StatusCode::kPermissionDenied: return Outcome::kForbidden;
+    default: return Outcome::kUnavailable;
+  }
+}
+
+// The api layer reads the admission policy and its binding by name from the same cluster, found the same way as
+// for the KubeVirt CR; no cluster leaves the layer skipped. Both objects are read whatever the first answered:
+// the layer tells a missing binding from a missing policy, and each request is bounded by `timeout`.
+absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chrono::milliseconds timeout,
+                                            validation::ValidateOptions* options) {
+  kube::AdmissionPolicyReaderOptions reader_options;
+  reader_options.kubeconfig = cmd.flags.Get("kubeconfig");
+  auto reader = kube::ConnectAdmissionPolicyReader(reader_options);
+  if (!reader.ok()) {
+    if (!reader_options.kubeconfig.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubeconfig: ", reader.status().message()));
+    }
+    if (!absl::IsNotFound(reader.status())) {
+      const std::string why = absl::StrCat("in-cluster configuration unusable: ", reader.status().message());
+      validation::ApiObjectRead unusable{.outcome = validation::ApiObjectRead::Outcome::kUnavailable,
+                                         .request = absl::StrCat("GET ", kube::kAdmissionPoliciesPath, "/",
+                                                                 kube::kAgentAdmissionPolicy),
+                                         .body = why};
+      options->admission_policy = validation::AdmissionPolicyRead{
+          .name = kube::kAgentAdmissionPolicy, .policy = unusable, .binding = unusable, .credentials = "in-cluster"};
+    }
+    return absl::OkStatus();
+  }
+  auto read = [&](const char* collection) {
+    absl::StatusOr<std::string> object = (*reader)->Get(collection, kube::kAgentAdmissionPolicy, timeout);
+    const validation::ApiObjectRead::Outcome outcome = OutcomeOf(object.status());
+    std::string request = (*reader)->Request(collection, kube::kAgentAdmissionPolicy);
+    // The request is the evidence's source already: its value is what came back.
+    std::string body = object.ok() ? *std::move(object) : std::string(object.status().message());
+    if (absl::StartsWith(body, absl::StrCat(request, ": "))) body.erase(0, request.size() + 2);
+    return validation::ApiObjectRead{.outcome = outcome, .request = std::move(request), .body = std::move(body)};
+  };
+  validation::AdmissionPolicyRead policy{.name = kube::kAgentAdmissionPolicy,
+                                         .policy = read(kube::kAdmissionPoliciesPath),
+                                         .binding = read(kube::kAdmissionPolicyBindingsPath),
+                                         .credentials = (*reader)->ConfigSource()};
+  spdlog::info("validate: admission policy {} from {} (credentials: {})", policy.name, policy.policy.request,
+               policy.credentials);
+  options->admission_policy = std::move(policy);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<FlagSpec> ValidateFlags() {
@@ -69,12 +125,13 @@ std::vector<FlagSpec> ValidateFlags() {
       {"kubevirt-cr", "FILE", "KubeVirt CR as YAML or JSON (e.g. `kubectl get kubevirt -A -o yaml`)", ""},
       {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
-      {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, or all", "all"},
+      {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, api, or all", "all"},
       {"rpc-timeout", "MS", "bound on each plugin and pod-resources exchange, in milliseconds", "2000"},
       {"kubeconfig", "FILE",
-       "without --kubevirt-cr: read the KubeVirt CRs from this cluster (needs get/list kubevirts.kubevirt.io)",
+       "without --kubevirt-cr: read the KubeVirt CRs from this cluster (needs get/list kubevirts.kubevirt.io); the "
+       "api layer reads the admission policy vfio-gpu-agent-own-node and its binding there (needs get on both)",
        "in-cluster service account, if any"},
-      {"api-timeout", "MS", "bound on that API request, connecting included, in milliseconds", "3000"},
+      {"api-timeout", "MS", "bound on each API request, connecting included, in milliseconds", "3000"},
   };
 }
 
@@ -89,6 +146,9 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "service account, as `run`): a 404 (KubeVirt not installed), no CR, 401 or 403 (RBAC: get/list\n"
           "kubevirts.kubevirt.io) fail the layer; an API server that does not answer within --api-timeout skips it;\n"
           "no cluster at all skips it as without --kubevirt-cr.\n"
+          "The api layer reads from the same cluster whether the admission policy that holds each agent to its own\n"
+          "Node is installed and bound with Deny (daemonset/base/agent/admission-policy.yaml); without it, or on\n"
+          "Kubernetes < 1.30, it warns, naming what is lost. No cluster skips it.\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
@@ -115,14 +175,25 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
     auto text = fs::ReadTrimmed(cmd.flags.Get("kubevirt-cr"));
     if (!text.ok()) return usage(absl::StrCat("--kubevirt-cr: ", text.status().message()));
     options.kubevirt_cr = *std::move(text);
-  } else if (options.layers.contains(validation::Layer::kKubevirt)) {
+  }
+  const bool kubevirt_from_api = !cmd.flags.Has("kubevirt-cr") && options.layers.contains(validation::Layer::kKubevirt);
+  const bool api_layer = options.layers.contains(validation::Layer::kApi);
+  if (kubevirt_from_api || api_layer) {
     const std::string api_timeout = cmd.flags.Get("api-timeout", "3000");
     int api_ms = 0;
     if (!absl::SimpleAtoi(api_timeout, &api_ms) || api_ms <= 0) {
       return usage("--api-timeout must be a positive number of milliseconds");
     }
-    if (absl::Status status = ReadKubevirtFromCluster(cmd, std::chrono::milliseconds(api_ms), &options); !status.ok()) {
-      return usage(status.message());
+    if (kubevirt_from_api) {
+      if (absl::Status status = ReadKubevirtFromCluster(cmd, std::chrono::milliseconds(api_ms), &options); !status.ok()) {
+        return usage(status.message());
+      }
+    }
+    if (api_layer) {
+      if (absl::Status status = ReadAdmissionPolicyFromCluster(cmd, std::chrono::milliseconds(api_ms), &options);
+          !status.ok()) {
+        return usage(status.message());
+      }
     }
   }
   // Names come from pinned entries and overrides first; pci.ids is parsed only if a GPU needs it.

@@ -14,6 +14,7 @@ const char* LayerName(Layer layer) {
     case Layer::kPlugin: return "plugin";
     case Layer::kKubelet: return "kubelet";
     case Layer::kKubevirt: return "kubevirt";
+    case Layer::kApi: return "api";
   }
   return "platform";
 }

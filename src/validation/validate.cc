@@ -18,7 +18,8 @@ namespace {
 
 namespace rpt = report::v1;
 
-constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet, Layer::kKubevirt};
+constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin,
+                                Layer::kKubelet,  Layer::kKubevirt, Layer::kApi};
 
 rpt::Layer ToReport(Layer layer) {
   switch (layer) {
@@ -27,6 +28,7 @@ rpt::Layer ToReport(Layer layer) {
     case Layer::kPlugin: return rpt::PLUGIN;
     case Layer::kKubelet: return rpt::KUBELET;
     case Layer::kKubevirt: return rpt::KUBEVIRT;
+    case Layer::kApi: return rpt::API;
   }
   return rpt::LAYER_UNSPECIFIED;
 }
@@ -60,7 +62,7 @@ absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
     auto it = std::find_if(std::begin(kAllLayers), std::end(kAllLayers), [&](Layer l) { return name == LayerName(l); });
     if (it == std::end(kAllLayers)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown layer \"", name,
-                                                     "\" (want platform, devices, plugin, kubelet, kubevirt or all)"));
+                                                     "\" (want platform, devices, plugin, kubelet, kubevirt, api or all)"));
     }
     layers.insert(*it);
   }
@@ -140,6 +142,7 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
     return options.kubevirt_cr_unavailable ? KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable)
                                            : KubevirtChecks(node, options.kubevirt_cr, names);
   });
+  run(Layer::kApi, [&] { return ApiChecks(options.admission_policy); });
 
   rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
   if (options.status_dir) {

@@ -8,7 +8,10 @@
 Debian's kubectl 1.20 with kustomize v2.0.3), and all of them render the same objects.
 `manifests`: the rendered objects carry what issue 10 asks for: Pod Security labels, hostPath types that work
 on Talos's read-only root, probes and ports on the ports `run` listens on, RBAC verbs exactly those `run`
-needs, and args/env naming only options that `vfio-gpu-agent run --help` lists.
+needs, and args/env naming only options that `vfio-gpu-agent run --help` lists; and issue 24's admission
+policy: bound with Deny, matched to this overlay's ServiceAccount exactly, covering every resource the
+ClusterRole grants a write verb on, its CEL well-formed as far as can be told without an API server
+(tests/deploy/realcluster_policy.sh runs it against one).
 Every failed check is printed; exit 1 if any failed.
 """
 import argparse
@@ -36,6 +39,19 @@ RBAC_NEEDED = {
     ("kubevirt.io", "kubevirts", "get"),
     ("kubevirt.io", "kubevirts", "list"),
 }
+# (apiGroup, resource, verb, resourceName): `validate`'s api layer reads the admission policy and its binding by
+# name, and nothing else of admissionregistration.k8s.io.
+POLICY_NAME = "vfio-gpu-agent-own-node"
+RBAC_NAMED = {
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get", POLICY_NAME),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "get", POLICY_NAME),
+}
+# RBAC write verb -> the admission operation a request with it is seen as.
+WRITE_VERBS = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE",
+               "deletecollection": "DELETE"}
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"  # a Node-bound token names a node but no pod
+SA_USERNAME = re.compile(r"^request\.userInfo\.username == '(system:serviceaccount:[^':]+:[^':]+)'$")
 
 # hostPath -> type. Talos's root is read-only: an *OrCreate type only where the host has a writable tmpfs or
 # /var; everything the kubelet or the OS provides must exist already (Directory).
@@ -161,20 +177,27 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     role = by_kind["ClusterRole"][0]
     binding = by_kind["ClusterRoleBinding"][0]
     ds = by_kind["DaemonSet"][0]
-    granted = set()
+    granted, named = set(), set()
     for rule in role.get("rules", []):
-        c.check("resourceNames" not in rule and "nonResourceURLs" not in rule, f"{where} unexpected rule shape {rule}")
+        c.check("nonResourceURLs" not in rule, f"{where} unexpected rule shape {rule}")
         for g in rule.get("apiGroups", []):
             for r in rule.get("resources", []):
                 for v in rule.get("verbs", []):
-                    granted.add((g, r, v))
+                    if "resourceNames" in rule:
+                        named.update((g, r, v, n) for n in rule["resourceNames"])
+                    else:
+                        granted.add((g, r, v))
     c.check(granted == RBAC_NEEDED,
             f"{where} ClusterRole grants {sorted(granted - RBAC_NEEDED)} beyond what run needs and lacks {sorted(RBAC_NEEDED - granted)}")
+    c.check(named == RBAC_NAMED,
+            f"{where} ClusterRole grants by name {sorted(named - RBAC_NAMED)} beyond the policy's get and lacks {sorted(RBAC_NAMED - named)}")
     c.check(binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                    "name": role["metadata"]["name"]}, f"{where} binding roleRef {binding['roleRef']}")
     c.check(binding.get("subjects") == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                          "namespace": spec["namespace"]}],
             f"{where} binding subjects {binding.get('subjects')}, want the ServiceAccount in {spec['namespace']}")
+
+    check_admission_policy(c, where, by_kind, sa, role)
 
     # DaemonSet scheduling and lifecycle
     pod = ds["spec"]["template"]["spec"]
@@ -298,6 +321,113 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     c.check(bool(res.get("requests", {}).get("cpu")) and bool(req_mem) and bool(lim_mem),
             f"{where} resources {res}: cpu and memory requests and a memory limit expected")
     c.check("cpu" not in res.get("limits", {}), f"{where} CPU limit: throttling would delay Allocate")
+
+
+def cel_well_formed(expression):
+    """What can be told of a CEL expression without a CEL compiler: quotes closed, brackets balanced."""
+    stack, quote, i = [], None, 0
+    pairs = {")": "(", "]": "[", "}": "{"}
+    while i < len(expression):
+        ch = expression[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            stack.append(ch)
+        elif ch in ")]}":
+            if not stack or stack.pop() != pairs[ch]:
+                return False
+        i += 1
+    return quote is None and not stack and bool(expression.strip())
+
+
+def rule_covers(rule, group, resource, operation):
+    """A policy resourceRule matches requests on group/resource (a subresource too) with that operation."""
+    base = resource.split("/")[0]
+    resources = rule.get("resources", [])
+    return ((group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+            and (resource in resources or "*" in resources or f"{base}/*" in resources
+                 or ("/" not in resource and "*/*" in resources))
+            and (operation in rule.get("operations", []) or "*" in rule.get("operations", []))
+            and bool(rule.get("apiVersions")))
+
+
+def check_admission_policy(c, where, by_kind, sa, role):
+    """Issue 24: one ValidatingAdmissionPolicy and its binding, holding this overlay's ServiceAccount to its node."""
+    policies = by_kind.get("ValidatingAdmissionPolicy", [])
+    bindings = by_kind.get("ValidatingAdmissionPolicyBinding", [])
+    if not c.check(len(policies) == 1 and len(bindings) == 1,
+                   f"{where} one ValidatingAdmissionPolicy and one binding expected, got {len(policies)} and {len(bindings)}"):
+        return
+    policy, binding = policies[0], bindings[0]
+    for obj in (policy, binding):
+        c.check(obj["apiVersion"] == "admissionregistration.k8s.io/v1",
+                f"{where} {obj['kind']} is {obj['apiVersion']}, want admissionregistration.k8s.io/v1 (GA since 1.30)")
+        c.check(obj["metadata"]["name"] == POLICY_NAME,
+                f"{where} {obj['kind']} is named {obj['metadata']['name']}: the ClusterRole grants get on {POLICY_NAME}")
+    bspec = binding.get("spec", {})
+    c.check(bspec.get("policyName") == policy["metadata"]["name"],
+            f"{where} binding names policy {bspec.get('policyName')}, not {policy['metadata']['name']}")
+    c.check(bspec.get("validationActions") == ["Deny"], f"{where} binding validationActions {bspec.get('validationActions')}, want [Deny]")
+    c.check("paramRef" not in bspec and "matchResources" not in bspec,
+            f"{where} binding narrows or parametrises the policy: {sorted(bspec)}")
+
+    spec = policy.get("spec", {})
+    c.check(spec.get("failurePolicy") == "Fail", f"{where} failurePolicy {spec.get('failurePolicy')}: an error must deny")
+    constraints = spec.get("matchConstraints", {})
+    c.check(constraints.get("matchPolicy", "Equivalent") == "Equivalent",
+            f"{where} matchPolicy {constraints.get('matchPolicy')}: core v1 Events would slip past the events.k8s.io rule")
+    c.check("paramKind" not in spec, f"{where} the policy takes parameters: the binding gives none")
+
+    # Matched to exactly this overlay's ServiceAccount, and no other account named anywhere in the policy.
+    want_user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    conditions = spec.get("matchConditions", [])
+    users = [m.group(1) for m in (SA_USERNAME.match(mc.get("expression", "").strip()) for mc in conditions) if m]
+    c.check(len(conditions) == 1 and users == [want_user],
+            f"{where} matchConditions {conditions}: want one, request.userInfo.username == '{want_user}'")
+    text = yaml.safe_dump(spec)
+    for other in sorted(set(re.findall(r"system:serviceaccount:[A-Za-z0-9.-]+:[A-Za-z0-9.-]+", text)) - {want_user}):
+        c.check(False, f"{where} the policy names {other}, the agent here is {want_user}")
+
+    # Every write the ClusterRole grants passes through the policy.
+    rules = constraints.get("resourceRules", [])
+    for rule in role.get("rules", []):
+        for verb in rule.get("verbs", []):
+            if verb not in WRITE_VERBS and verb != "*":
+                continue
+            ops = set(WRITE_VERBS.values()) if verb == "*" else {WRITE_VERBS[verb]}
+            for g in rule.get("apiGroups", []):
+                for r in rule.get("resources", []):
+                    for op in sorted(ops):
+                        c.check(any(rule_covers(pr, g, r, op) for pr in rules),
+                                f"{where} the ClusterRole grants {verb} on {r}.{g or 'core'} but the policy does not match {op} on it")
+                    # ... and an expression of the policy looks at that resource.
+                    c.check(f"'{r.split('/')[0]}'" in text,
+                            f"{where} no expression of the policy tests request.resource.resource == '{r.split('/')[0]}'")
+
+    # The node comes from the pod-bound token, and a token without one writes nothing.
+    variables = {v.get("name"): v.get("expression", "") for v in spec.get("variables", [])}
+    for claim in (NODE_NAME_CLAIM, POD_NAME_CLAIM):
+        c.check(any(claim in e for e in variables.values()), f"{where} no variable reads request.userInfo.extra['{claim}']")
+    validations = spec.get("validations", [])
+    c.check(any(v.get("expression", "").strip() == "variables.nodeName != ''" for v in validations),
+            f"{where} no validation refuses a token without a node name")
+    for v in validations:
+        expression = v.get("expression", "")
+        c.check(v.get("reason") == "Forbidden",
+                f"{where} validation {expression[:60]!r} has reason {v.get('reason')}: Forbidden (403) is what the agent takes for a policy's no")
+        c.check(bool(v.get("message")), f"{where} validation {expression[:60]!r} has no static message (messageExpression can fail)")
+    for what, expression in ([("matchCondition", mc.get("expression", "")) for mc in conditions]
+                             + [(f"variable {n}", e) for n, e in variables.items()]
+                             + [("validation", v.get("expression", "")) for v in validations]
+                             + [("messageExpression", v["messageExpression"]) for v in validations if "messageExpression" in v]):
+        c.check(cel_well_formed(expression), f"{where} {what} is not well-formed CEL (quotes/brackets): {expression!r}")
+        for name in re.findall(r"variables\.([A-Za-z_][A-Za-z0-9_]*)", expression):
+            c.check(name in variables, f"{where} {what} uses variables.{name}, which the policy does not define")
 
 
 def main():

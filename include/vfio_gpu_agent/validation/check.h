@@ -19,9 +19,10 @@
 
 namespace vfio_agent::validation {
 
-// In chain order; the human report groups by layer in this order.
-enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt };
-const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt"
+// In chain order; the human report groups by layer in this order. kApi comes last: it is not a link of the
+// chain but what bounds the agent's own account at the API server (issue 24).
+enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt, kApi };
+const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt", "api"
 
 enum class Result { kPass, kWarn, kFail, kSkip };
 const char* ResultName(Result result);  // "pass", "warn", "fail", "skip"
@@ -90,5 +91,31 @@ struct KubevirtCrUnavailable {
   std::string detail;   // what the server (or the transport) said, and where the credentials came from
 };
 std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why);
+
+// Api layer: whether the ValidatingAdmissionPolicy that holds each agent to its own Node
+// (daemonset/base/agent/admission-policy.yaml) is installed and bound with Deny, as `validate` read the policy
+// and its binding by name from the API server. Reading is the CLI's part (src/kube), as for the KubeVirt CR.
+struct ApiObjectRead {
+  enum class Outcome {
+    kFound,         // body is the object's JSON
+    kAbsent,        // 404 naming the object: not installed
+    kNotServed,     // 404 naming nothing: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30)
+    kUnauthorized,  // 401
+    kForbidden,     // 403: RBAC denies get on it
+    kUnavailable,   // unreachable, timed out, 5xx, any other answer
+  };
+  Outcome outcome = Outcome::kUnavailable;
+  std::string request;  // "GET https://10.96.0.1:443/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/N"
+  std::string body;     // kFound: the object; otherwise what the server (or the transport) said
+};
+struct AdmissionPolicyRead {
+  std::string name;         // of the policy and of its binding
+  ApiObjectRead policy;
+  ApiObjectRead binding;
+  std::string credentials;  // where they came from: "kubeconfig /path", "in-cluster /var/run/..."
+};
+// nullopt: no cluster to ask (skipped, saying so). Never fails: without the policy (or on a cluster that cannot
+// have one) the agent still works, with less holding it; that is a warning naming what is lost.
+std::vector<Check> ApiChecks(const std::optional<AdmissionPolicyRead>& read);
 
 }  // namespace vfio_agent::validation

@@ -11,7 +11,8 @@
 // get-node NAME | events | fail METHOD PREFIX CODE COUNT [RETRY_AFTER] | deny-policy METHOD PREFIX CODE COUNT |
 // cut METHOD PREFIX COUNT |
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |
-// deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403)
+// deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403) |
+// admission policy|binding JSON | delete-admission policy|binding NAME | admission-api on|off
 #pragma once
 
 #include <sys/types.h>

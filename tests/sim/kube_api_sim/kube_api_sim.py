@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
-Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events and GET kubevirt.io/v1 kubevirts on
+Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts and GET
+of one admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy(Binding) by name on
 127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
 body) before the response is sent, so a test that sees the line knows the server decided.
@@ -24,6 +25,11 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   deny VERB RESOURCE.GROUP        RBAC: 403 for that verb on that resource (list kubevirts.kubevirt.io); checked
                                   after the token and before the resource exists, as kube-apiserver authorizes
   allow VERB RESOURCE.GROUP       undo a deny
+  admission KIND JSON_OBJECT      store a ValidatingAdmissionPolicy (KIND policy) or its binding (KIND binding),
+                                  served at .../validatingadmissionpolicies(bindings)/<metadata.name>
+  delete-admission KIND NAME      it is gone: 404 naming it, as kube-apiserver answers for a missing object
+  admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
+                                  a 404 that names no object; on (the default) serves them
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
 """
 import argparse
@@ -48,9 +54,10 @@ SERVICE_ACCOUNT_USER = "system:serviceaccount:vfio-gpu-agent:vfio-gpu-agent"
 
 
 class ApiError(Exception):
-    def __init__(self, code, reason, message, retry_after=None):
+    def __init__(self, code, reason, message, retry_after=None, details=None):
         super().__init__(message)
         self.code, self.reason, self.message, self.retry_after = code, reason, message, retry_after
+        self.details = details
 
 
 def now_rfc3339():
@@ -105,6 +112,8 @@ class State:
         self.kubevirts = []
         self.kubevirt_installed = False
         self.denied = set()  # (verb, "resource.group")
+        self.admission = {"validatingadmissionpolicies": {}, "validatingadmissionpolicybindings": {}}
+        self.admission_served = True
         self.faults = []
         self.released = threading.Event()
         self.rv = 100
@@ -263,8 +272,11 @@ def make_handler(state):
             headers = {}
             if error.retry_after is not None:
                 headers["Retry-After"] = str(error.retry_after)
-            return error.code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": error.message,
-                                "reason": error.reason, "code": error.code}, headers
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": error.message,
+                      "reason": error.reason, "code": error.code}
+            if error.details is not None:
+                status["details"] = error.details
+            return error.code, status, headers
 
         def serve(self, method, path, content_type, raw):
             auth = self.headers.get("Authorization") or ""
@@ -291,13 +303,24 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", "the server could not find the requested resource")
                 return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
                              "items": state.kubevirts}
+            if parts[:3] == ["apis", "admissionregistration.k8s.io", "v1"] and len(parts) == 5 \
+                    and parts[3] in state.admission and method == "GET":
+                self.authorize("get", parts[3], "admissionregistration.k8s.io", parts[4])
+                if not state.admission_served:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                obj = state.admission[parts[3]].get(parts[4])
+                if obj is None:
+                    raise ApiError(404, "NotFound", f'{parts[3]}.admissionregistration.k8s.io "{parts[4]}" not found',
+                                   details={"name": parts[4], "group": "admissionregistration.k8s.io", "kind": parts[3]})
+                return 200, obj
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
         @staticmethod
-        def authorize(verb, resource, group):
+        def authorize(verb, resource, group, name=None):
             if (verb, f"{resource}.{group}") in state.denied:
+                what = f'{resource}.{group} "{name}"' if name else f"{resource}.{group}"
                 raise ApiError(403, "Forbidden",
-                               f'{resource}.{group} is forbidden: User "{SERVICE_ACCOUNT_USER}" cannot {verb} resource '
+                               f'{what} is forbidden: User "{SERVICE_ACCOUNT_USER}" cannot {verb} resource '
                                f'"{resource}" in API group "{group}" at the cluster scope')
 
         def node(self, method, name, status, content_type, body):
@@ -413,6 +436,15 @@ def control(state, line):
             state.kubevirt_installed = True
         elif command == "no-kubevirt":
             state.kubevirt_installed = False
+        elif command == "admission" and len(args) >= 2 and args[0] in ("policy", "binding"):
+            obj = json.loads(line.split(None, 2)[2])
+            collection = "validatingadmissionpolicies" if args[0] == "policy" else "validatingadmissionpolicybindings"
+            state.admission[collection][obj["metadata"]["name"]] = obj
+        elif command == "delete-admission" and len(args) == 2 and args[0] in ("policy", "binding"):
+            collection = "validatingadmissionpolicies" if args[0] == "policy" else "validatingadmissionpolicybindings"
+            state.admission[collection].pop(args[1], None)
+        elif command == "admission-api" and args in (["on"], ["off"]):
+            state.admission_served = args[0] == "on"
         elif command in ("deny", "allow") and len(args) == 2 and "." in args[1]:
             (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
         else:
