@@ -54,27 +54,41 @@ kustomization() {
   } >"$file"
 }
 
+# One file per template, named as the template: the file names the agent's own messages point to
+# (daemonset/base/agent/rbac.yaml, .../admission-policy.yaml) stay where they were.
+AGENT_FILES=(rbac.yaml daemonset.yaml admission-policy.yaml)
+# $1 tree directory, $2 what it is rendered with, rest: helm template arguments.
+tree() {
+  local dir=$1 what=$2
+  shift 2
+  for f in "${AGENT_FILES[@]}"; do
+    render "$dir/$f" "$what" "$@" --show-only "templates/$f"
+  done
+}
+
 v=$chart/values-passthrough.yaml
-render "$out/base/namespace.yaml" "values-passthrough.yaml, the Namespace" -f "$v" --show-only templates/namespace.yaml
-render "$out/base/agent/vfio-gpu-agent.yaml" "values-passthrough.yaml, namespace.create=false" -f "$v" \
-  --set namespace.create=false
+render "$out/base/namespace.yaml" "values-passthrough.yaml" -f "$v" --show-only templates/namespace.yaml
+tree "$out/base/agent" "values-passthrough.yaml" -f "$v"
 kustomization "$out/base/agent/kustomization.yaml" \
-  "# Everything but the Namespace, in namespace vfio-gpu-agent." vfio-gpu-agent.yaml
+  "# Everything but the Namespace, in namespace vfio-gpu-agent. Kubernetes < 1.30: leave admission-policy.yaml out." \
+  "${AGENT_FILES[@]}"
 kustomization "$out/base/kustomization.yaml" \
   "# The agent on plain Kubernetes with KubeVirt, in its own namespace: kubectl apply -k daemonset/base" \
   namespace.yaml agent
-render "$out/overlays/cozystack/vfio-gpu-agent.yaml" "values-cozystack.yaml, values-passthrough.yaml" \
-  -f "$chart/values-cozystack.yaml" -f "$v"
+tree "$out/overlays/cozystack" "values-cozystack.yaml, values-passthrough.yaml" -f "$chart/values-cozystack.yaml" -f "$v"
 kustomization "$out/overlays/cozystack/kustomization.yaml" \
   "# The agent in Cozystack's cozy-gpu-operator (not created or deleted here): kubectl apply -k daemonset/overlays/cozystack" \
-  vfio-gpu-agent.yaml
-render "$out/overlays/cdi/vfio-gpu-agent.yaml" "values-passthrough.yaml, cdi.enabled=true" -f "$v" --set cdi.enabled=true
+  "${AGENT_FILES[@]}"
+render "$out/overlays/cdi/namespace.yaml" "values-passthrough.yaml" -f "$v" --show-only templates/namespace.yaml
+tree "$out/overlays/cdi" "values-passthrough.yaml, cdi.enabled=true" -f "$v" --set cdi.enabled=true
 kustomization "$out/overlays/cdi/kustomization.yaml" \
-  "# The agent with CDI, in its own namespace: kubectl apply -k daemonset/overlays/cdi" vfio-gpu-agent.yaml
-render "$out/overlays/hgx/vfio-gpu-agent.yaml" "values-hgx.yaml" -f "$chart/values-hgx.yaml"
+  "# The agent with CDI, in its own namespace: kubectl apply -k daemonset/overlays/cdi" \
+  namespace.yaml "${AGENT_FILES[@]}"
+render "$out/overlays/hgx/namespace.yaml" "values-hgx.yaml" -f "$chart/values-hgx.yaml" --show-only templates/namespace.yaml
+tree "$out/overlays/hgx" "values-hgx.yaml" -f "$chart/values-hgx.yaml"
 kustomization "$out/overlays/hgx/kustomization.yaml" \
   "# HGX full passthrough (GPUs and NVSwitches), in its own namespace: kubectl apply -k daemonset/overlays/hgx" \
-  vfio-gpu-agent.yaml
+  namespace.yaml "${AGENT_FILES[@]}"
 
 if [ "$mode" = check ]; then
   stale=0
