@@ -82,7 +82,44 @@ def container(docs):
     return ds[0]["spec"]["template"]["spec"]["containers"][0] if len(ds) == 1 else None
 
 
+def check_values_comments(c, args):
+    """Every value the schema describes field by field has a comment line right above it in values.yaml, and
+    every such schema field is in values.yaml (a value nobody can find is as good as none)."""
+    import json
+    import re
+    with open(os.path.join(chart_dir(args), "values.schema.json")) as f:
+        schema = json.load(f)
+    with open(os.path.join(chart_dir(args), "values.yaml")) as f:
+        lines = f.read().splitlines()
+    stack, seen, prev = [], set(), ""
+    for n, line in enumerate(lines, 1):
+        m = re.match(r"^( *)([A-Za-z][A-Za-z0-9]*):", line)
+        if m:
+            depth = len(m.group(1)) // 2
+            stack = stack[:depth] + [m.group(2)]
+            node = schema
+            for key in stack[:-1]:
+                node = node.get("properties", {}).get(key, {})
+            if "properties" in node:
+                path = ".".join(stack)
+                seen.add(path)
+                c.check(prev.lstrip().startswith("#"), f"values.yaml:{n}: {path} has no comment above it")
+        if line.strip():
+            prev = line
+
+    def fields(node, prefix):
+        for key, sub in node.get("properties", {}).items():
+            if key == "global":
+                continue
+            yield prefix + key
+            yield from fields(sub, prefix + key + ".")
+    missing = sorted(set(fields(schema, "")) - seen)
+    c.check(not missing, f"values.schema.json describes {missing}, which values.yaml does not set")
+    print(f"values.yaml: {len(seen)} values, each with a comment")
+
+
 def cmd_lint(c, args):
+    check_values_comments(c, args)
     runs = [[]] + [["-f", v] for v in VARIANTS] + [["-f", "values-cozystack.yaml", "-f", r] for r in NODE_ROLES]
     for extra in runs:
         proc = subprocess.run([args.helm, "lint", "--strict", chart_dir(args)] + helm_args(args, extra),
