@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -99,9 +100,12 @@ absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chron
   }
   auto read = [&](const char* collection) {
     absl::StatusOr<std::string> object = (*reader)->Get(collection, kube::kAgentAdmissionPolicy, timeout);
-    return validation::ApiObjectRead{.outcome = OutcomeOf(object.status()),
-                                     .request = (*reader)->Request(collection, kube::kAgentAdmissionPolicy),
-                                     .body = object.ok() ? *std::move(object) : std::string(object.status().message())};
+    std::string request = (*reader)->Request(collection, kube::kAgentAdmissionPolicy);
+    // The request is the evidence's source already: its value is what came back.
+    std::string body = object.ok() ? *std::move(object) : std::string(object.status().message());
+    if (absl::StartsWith(body, absl::StrCat(request, ": "))) body.erase(0, request.size() + 2);
+    return validation::ApiObjectRead{
+        .outcome = OutcomeOf(object.status()), .request = std::move(request), .body = std::move(body)};
   };
   validation::AdmissionPolicyRead policy{.name = kube::kAgentAdmissionPolicy,
                                          .policy = read(kube::kAdmissionPoliciesPath),

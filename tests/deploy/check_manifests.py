@@ -53,6 +53,7 @@ RBAC_NAMED = {
 WRITE_VERBS = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE",
                "deletecollection": "DELETE"}
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"  # a Node-bound token names a node but no pod
 SA_USERNAME = re.compile(r"^request\.userInfo\.username == '(system:serviceaccount:[^':]+:[^':]+)'$")
 
 # hostPath -> type. Talos's root is read-only: an *OrCreate type only where the host has a writable tmpfs or
@@ -413,8 +414,8 @@ def check_admission_policy(c, where, by_kind, sa, role):
 
     # The node comes from the pod-bound token, and a token without one writes nothing.
     variables = {v.get("name"): v.get("expression", "") for v in spec.get("variables", [])}
-    c.check(any(NODE_NAME_CLAIM in e for e in variables.values()),
-            f"{where} no variable reads request.userInfo.extra['{NODE_NAME_CLAIM}']")
+    for claim in (NODE_NAME_CLAIM, POD_NAME_CLAIM):
+        c.check(any(claim in e for e in variables.values()), f"{where} no variable reads request.userInfo.extra['{claim}']")
     validations = spec.get("validations", [])
     c.check(any(v.get("expression", "").strip() == "variables.nodeName != ''" for v in validations),
             f"{where} no validation refuses a token without a node name")

@@ -14,8 +14,9 @@
 #
 # What it does: `kubectl apply -k` of the overlay (base: namespace vfio-gpu-agent; cozystack: cozy-gpu-operator,
 # created here), a pod of the agent's ServiceAccount bound to NODE_A, a token bound to that pod (it carries
-# NODE_A as authentication.kubernetes.io/node-name) and one not bound to anything; then every write the agent
-# makes, and the ones it must not, with curl, each compared with the expected HTTP code. Exit 1 if any differs.
+# NODE_A as authentication.kubernetes.io/node-name), one not bound to anything and one bound to the Node object
+# NODE_B (a node name but no pod); then every write the agent makes, and the ones it must not, with curl, each
+# compared with the expected HTTP code. Exit 1 if any differs.
 # Everything it created is deleted at the end (the Namespace only when it created it).
 set -uo pipefail
 OVERLAY=${1:-base}
@@ -134,6 +135,7 @@ EOF
 K create -f "$TMP/pod.yaml" >/dev/null
 BOUND=$(K create token "$SA" -n "$NS" --bound-object-kind Pod --bound-object-name policy-probe --duration 10m)
 UNBOUND=$(K create token "$SA" -n "$NS" --duration 10m)
+NODEBOUND=$(K create token "$SA" -n "$NS" --bound-object-kind Node --bound-object-name "$NODE_B" --duration 10m)
 # whoami TOKEN: `kubectl auth whoami` as that token alone (the admin's client certificate would win).
 whoami() {
     kubectl --kubeconfig /dev/null --server "$SERVER" --certificate-authority "$CA" --token "$1" auth whoami -o json \
@@ -143,6 +145,8 @@ echo "== the token bound to pod policy-probe (kubectl auth whoami):"
 whoami "$BOUND"
 echo "== the token bound to nothing:"
 whoami "$UNBOUND"
+echo "== a token bound to Node $NODE_B (names a node, no pod):"
+whoami "$NODEBOUND"
 
 # code TOKEN PATH: the answer to an empty status patch, which changes nothing.
 code() {
@@ -196,6 +200,9 @@ case_ "series PATCH of an Event regarding $NODE_B" 403 "$BOUND" PATCH "$EV/$E2" 
 echo "== a token of the same ServiceAccount bound to no pod (no node name)"
 case_ "condition PATCH of $NODE_A" 403 "$UNBOUND" PATCH "$A" "$SMP" "$(condition "$NODE_A" True GPUsReady)"
 case_ "Event create regarding $NODE_A" 403 "$UNBOUND" POST "$EV" "$JSON" "$(event "$NODE_A.policyprobe$RANDOM" "$NODE_A")"
+echo "== a token of the same ServiceAccount bound to Node $NODE_B, not to a pod"
+case_ "condition PATCH of $NODE_B" 403 "$NODEBOUND" PATCH "$B" "$SMP" "$(condition "$NODE_B" True GPUsReady with-transition)"
+case_ "Event create regarding $NODE_B" 403 "$NODEBOUND" POST "$EV" "$JSON" "$(event "$NODE_B.policyprobe$RANDOM" "$NODE_B")"
 
 # Beyond what the ClusterRole grants today: a test-only ClusterRole lets the same account write core v1 Events
 # and ResourceSlices, to show the policy holds those too (matchPolicy Equivalent; the DRA rule).

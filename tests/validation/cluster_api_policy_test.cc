@@ -150,6 +150,8 @@ TEST_F(ClusterApiPolicyTest, NotInstalledWarnsNamingWhatIsLostAndTheFix) {
   EXPECT_THAT((*check)["message"].get<std::string>(), HasSubstr("is not installed"));
   EXPECT_THAT((*check)["message"].get<std::string>(), HasSubstr("patch any Node's status (capacity, allocatable"));
   EXPECT_THAT((*check)["fix"].get<std::string>(), HasSubstr("daemonset/base/agent/admission-policy.yaml"));
+  // Each request once, as the source; its value is the server's answer.
+  EXPECT_THAT(Evidence(*check), HasSubstr(absl::StrCat(kPolicyPath, " = 404 validatingadmissionpolicies")));
   EXPECT_EQ(api_->Count("GET", kPolicyPath, "404"), 1u);
 }
 
