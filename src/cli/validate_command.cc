@@ -100,12 +100,12 @@ absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chron
   }
   auto read = [&](const char* collection) {
     absl::StatusOr<std::string> object = (*reader)->Get(collection, kube::kAgentAdmissionPolicy, timeout);
+    const validation::ApiObjectRead::Outcome outcome = OutcomeOf(object.status());
     std::string request = (*reader)->Request(collection, kube::kAgentAdmissionPolicy);
     // The request is the evidence's source already: its value is what came back.
     std::string body = object.ok() ? *std::move(object) : std::string(object.status().message());
     if (absl::StartsWith(body, absl::StrCat(request, ": "))) body.erase(0, request.size() + 2);
-    return validation::ApiObjectRead{
-        .outcome = OutcomeOf(object.status()), .request = std::move(request), .body = std::move(body)};
+    return validation::ApiObjectRead{.outcome = outcome, .request = std::move(request), .body = std::move(body)};
   };
   validation::AdmissionPolicyRead policy{.name = kube::kAgentAdmissionPolicy,
                                          .policy = read(kube::kAdmissionPoliciesPath),
