@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """Renders daemonset/ with kubectl kustomize and checks what a cluster would be given.
+(The trees are generated from the Helm chart by scripts/render-manifests.sh; tests/deploy/check_chart.py checks
+the chart's other values.)
 
   check_manifests.py render    --daemonset-dir DIR --kubectl KUBECTL [--kubectl KUBECTL]...
   check_manifests.py manifests --daemonset-dir DIR --kubectl KUBECTL --agent AGENT_BINARY
@@ -27,6 +29,7 @@ OVERLAYS = {
     "base": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False},
     "overlays/cozystack": {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False},
     "overlays/cdi": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True},
+    "overlays/hgx": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False},
 }
 
 # (apiGroup, resource, verb): what `run` does through the API, and the KubeVirt CR `validate` lists in the pod

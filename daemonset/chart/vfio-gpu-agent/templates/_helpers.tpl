@@ -1,0 +1,25 @@
+{{/*
+Object names are fixed, not derived from the release name: the ClusterRole grants `get` on the admission
+policy by name, the policy names the ServiceAccount inside CEL, and two agents on one node would register the
+same resource names. One release per cluster.
+*/}}
+
+{{- define "vfio-gpu-agent.namespace" -}}
+{{- .Values.namespace.name | default .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+Every object's labels. The lines after the first are Helm's own; scripts/render-manifests.sh drops exactly
+these four lines from the kustomize output, so keep them one per line and in this form.
+*/}}
+{{- define "vfio-gpu-agent.labels" -}}
+app.kubernetes.io/name: vfio-gpu-agent
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{- define "vfio-gpu-agent.serviceAccountUser" -}}
+system:serviceaccount:{{ include "vfio-gpu-agent.namespace" . }}:vfio-gpu-agent
+{{- end -}}
