@@ -1,0 +1,135 @@
+#!/bin/bash
+# realcluster_run.sh - `vfio-gpu-agent run` on the simulated 8x H200 node against the REAL kubelet and
+# kube-apiserver of ../shared/realcluster, with the agent's own pod-bound token under the admission policy:
+# what an operator sees through a start, two kubelet restarts (SIGKILL, as a crash), a SIGTERM and a new start.
+# Not part of CI (the cluster is not there); daemonset/README.md ("A run against a real cluster") records a run.
+#
+# Needs the cluster running with the kubelet node gpu-node-1 and the busybox image:
+#   export WORK=/tmp/realcluster KUBECONFIG=/tmp/realcluster/state/admin.kubeconfig
+#   ./run.sh start all && GOROOT=... ./kubelet-dra.sh start && GOROOT=... ./kubelet-dra.sh images
+# Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim),
+#      REALCLUSTER (../shared/realcluster: kubelet-dra.sh).
+# Prints what it saw and exit 1 when an expectation failed: capacity 8 after each step, no False condition and no
+# Warning event, Unknown/AgentStopped after SIGTERM, True again after the new start.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+WORK=${WORK:-/tmp/realcluster}
+BUILD=${BUILD:-$ROOT/build/release}
+REALCLUSTER=${REALCLUSTER:-$ROOT/../shared/realcluster}
+NODE=gpu-node-1
+NS=vfio-gpu-agent
+RES=nvidia.com/GH100_H200_SXM_141GB
+: "${KUBECONFIG:?set KUBECONFIG to a kubeconfig of the cluster administrator}"
+K() { kubectl "$@"; }
+IN() { nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$@"; }  # the kubelet's mount namespace
+TMP=$(mktemp -d)
+failed=0
+# expect WHAT COMMAND...: runs the command; prints ok or FAILED.
+expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; fi; }
+# wait_for COMMAND...: until it succeeds, 30 s at most (the other side is waited for, never slept for).
+wait_for() { for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done; return 1; }
+capacity() { K get node $NODE -o jsonpath="{.status.capacity.nvidia\.com/GH100_H200_SXM_141GB}"; }
+condition() { K get node $NODE -o jsonpath='{range .status.conditions[?(@.type=="GPUPassthroughReady")]}{.status} {.reason}{end}'; }
+capacity_is() { [ "$(capacity)" = "$1" ]; }
+condition_is() { [ "$(condition)" = "$1" ]; }
+restarts_are() { curl -s 127.0.0.1:19400/metrics | grep -qx "vfio_gpu_agent_kubelet_restarts_total $1"; }
+sim_ready() { grep -q READY "$TMP/sim.out"; }
+
+cleanup() {
+    [ -n "${agent:-}" ] && kill -TERM "$agent" 2>/dev/null && wait "$agent" 2>/dev/null
+    [ -n "${sim:-}" ] && kill -TERM "$sim" 2>/dev/null && wait "$sim" 2>/dev/null
+    K delete --ignore-not-found -n $NS pod agent-identity --grace-period=0 --force >/dev/null 2>&1
+    K delete -n default events.events.k8s.io --field-selector "reportingController=vfio-gpu-agent,regarding.name=$NODE" >/dev/null 2>&1
+    K patch node $NODE --subresource status --type strategic \
+        -p '{"status":{"conditions":[{"type":"GPUPassthroughReady","$patch":"delete"}]}}' >/dev/null 2>&1
+    K delete --ignore-not-found --wait=false -k "$ROOT/daemonset/base" >/dev/null 2>&1
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+echo "== manifests (daemonset/base: RBAC, admission policy; the DaemonSet selects no node here)"
+K apply -k "$ROOT/daemonset/base" 2>&1 | sed 's/^/   /'
+K -n $NS wait --for=jsonpath='{.metadata.name}'=default serviceaccount/default --timeout=30s >/dev/null 2>&1
+K -n $NS apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: agent-identity}
+spec:
+  nodeName: $NODE
+  serviceAccountName: vfio-gpu-agent
+  containers: [{name: c, image: localhost/tools:local, imagePullPolicy: Never, command: [sleep, "3600"]}]
+EOF
+K -n $NS wait --for=condition=Ready pod/agent-identity --timeout=60s >/dev/null
+TOKEN=$(K -n $NS create token vfio-gpu-agent --bound-object-kind Pod --bound-object-name agent-identity --duration 1h)
+SERVER=$(K config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+CA=$(K config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+cat > "$TMP/agent.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$CA"}}]
+users: [{name: agent, user: {token: "$TOKEN"}}]
+contexts: [{name: c, context: {cluster: c, user: agent}}]
+current-context: c
+EOF
+
+echo "== sysfs-sim (hgx-h200-8gpu: GPUs on nvidia) in the kubelet's mount namespace"
+mkdir -p "$TMP/node"
+IN "$BUILD/tests/sim/sysfs_sim/sysfs-sim" --node "$ROOT/tests/sim/nodes/hgx-h200-8gpu.json" --root "$TMP/node" \
+    > "$TMP/sim.out" 2> "$TMP/sim.log" &
+sim=$!
+wait_for sim_ready || { echo "sysfs-sim did not start"; cat "$TMP/sim.log"; exit 1; }
+
+start_agent() {
+    IN "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE --kubeconfig "$TMP/agent.kubeconfig" \
+        --sysfs-root "$TMP/node/sys" --dev-root "$TMP/node/dev" --proc-root "$TMP/node/proc" \
+        --modules-root "$TMP/modules" --no-udev --listen-address 127.0.0.1 --health-port 18081 \
+        --metrics-port 19400 >> "$TMP/agent.log" 2>&1 &
+    agent=$!
+}
+mkdir -p "$TMP/modules"
+since=$(date -u +%Y-%m-%dT%H:%M:%S)
+echo "== agent start"
+start_agent
+expect "capacity $RES: 8 after the start" wait_for capacity_is 8
+expect "condition True AllDevicesReady" wait_for condition_is "True AllDevicesReady"
+for i in 1 2; do
+    echo "== kubelet restart $i (SIGKILL)"
+    WORK=$WORK "$REALCLUSTER/kubelet-dra.sh" restart-kubelet | sed 's/^/   /'
+    expect "registered again (kubelet_restarts_total $i)" wait_for restarts_are $i
+    expect "capacity 8 again" wait_for capacity_is 8
+done
+echo "== SIGTERM"
+kill -TERM "$agent"; wait "$agent"; echo "   agent exit code $?"; agent=
+expect "condition Unknown AgentStopped" condition_is "Unknown AgentStopped"
+echo "== the rollout's new agent"
+start_agent
+expect "condition True AllDevicesReady again" wait_for condition_is "True AllDevicesReady"
+expect "capacity 8" wait_for capacity_is 8
+
+echo "== what the API holds"
+K get node $NODE -o jsonpath='{range .status.conditions[?(@.type=="GPUPassthroughReady")]}   condition: {.status} {.reason}: {.message} (transition {.lastTransitionTime}, heartbeat {.lastHeartbeatTime}){"\n"}{end}'
+K get events.events.k8s.io -n default --field-selector "regarding.name=$NODE,reportingController=vfio-gpu-agent" \
+    -o custom-columns=TYPE:.type,REASON:.reason,COUNT:.series.count,NOTE:.note --no-headers | cut -c1-150 | sed 's/^/   event: /'
+warnings=$(K get events.events.k8s.io -n default --field-selector "regarding.name=$NODE,reportingController=vfio-gpu-agent,type=Warning" --no-headers 2>/dev/null | wc -l)
+expect "no Warning event ($warnings)" [ "$warnings" = 0 ]
+if [ -f "$WORK/state/audit.log" ]; then
+    python3 - "$WORK/state/audit.log" "$since" > "$TMP/audit.txt" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("stage") != "ResponseComplete" or not e.get("userAgent", "").startswith("vfio-gpu-agent"):
+        continue
+    if e["requestReceivedTimestamp"] < sys.argv[2] or e["verb"] not in ("create", "update", "patch"):
+        continue
+    print(e["verb"], e["requestURI"], e.get("responseStatus", {}).get("code"))
+PY
+    sort "$TMP/audit.txt" | uniq -c | sed 's/^/   audit: /'
+    all_accepted() { ! grep -qv ' 20[01]$' "$TMP/audit.txt"; }
+    expect "every write of the agent accepted" all_accepted
+fi
+falses=$(grep -c "not ready: " "$TMP/agent.log")
+expect "no 'not ready' (published failure) line in the agent log ($falses)" [ "$falses" = 0 ]
+echo "   agent log lines by level: $(grep -oE '\] \[(info|warning|error|debug)\]' "$TMP/agent.log" | sort | uniq -c | tr '\n' ' ')"
+grep -E "\[(warning|error)\]" "$TMP/agent.log" | cut -c1-200 | sed 's/^/   log: /'
+exit $failed
