@@ -339,7 +339,11 @@ class NodeReporterImpl final : public NodeReporter {
   // Logged once per kind until a request succeeds; the next attempt waits Retry-After or the backoff.
   void Failed(const Outcome& outcome, TimePoint now, bool back_off = true) {
     if (stopping_) return;  // the request was aborted by the destructor
-    if (logged_failures_.insert(outcome.failure).second) {
+    // A 409 is optimistic concurrency doing its job (the kubelet updates the node every few seconds): the node is
+    // read again and the patch decided again, nothing an operator should be told about.
+    if (outcome.failure == Failure::kConflict) {
+      spdlog::debug("node {}: Kubernetes API: {}; reading the node again", options_.node_name, outcome.detail);
+    } else if (logged_failures_.insert(outcome.failure).second) {
       spdlog::warn("node {}: Kubernetes API: {}: {}; retrying with backoff (further failures of this kind are not "
                    "logged until a request succeeds)", options_.node_name, Describe(outcome.failure), outcome.detail);
     }

@@ -105,10 +105,10 @@ TEST_F(PluginIntegrationTest, FiftyKubeletRestartsLoseNoDevice) {
   EXPECT_EQ(State(node_->kubelet(), kH200).identical_repeats, 0);
 }
 
-// A kubelet restart as on a real node: the old kubelet ends (its socket refuses, our stream ends) and the new
-// one deletes every socket before it listens. The agent restarts its server once, when its socket is deleted,
-// not also when the stream ended. The test waits for the agent to have seen the end before the new kubelet
-// starts, as a real restart's gap makes certain.
+// A kubelet restart as on a real node: the old kubelet ends (our stream ends) and the new one deletes every
+// socket before it listens. The agent restarts its server once, when its socket is deleted, not also when the
+// stream ended. The test waits for the agent to have seen the end before the new kubelet starts, as a real
+// restart's gap makes certain.
 TEST_F(PluginIntegrationTest, KubeletRestartRestartsTheServerOnce) {
   Boot("hgx-h200-8gpu.json", kH200Gpus);
   ASSERT_TRUE(node_->StartKubelet().ok());
