@@ -8,12 +8,49 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 
+# Where the time goes: each phase's wall time, the CPU time (user+sys) of the processes it ran, and the CPU time
+# the rest of the machine used meanwhile (other builds inflate the wall time, not the CPU time). The table is
+# printed when the run ends, passed or failed (a failed phase is the last row).
+tick=$(getconf CLK_TCK)
+own_cpu() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$$/stat"; }               # this shell + waited-for children
+machine_cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }  # every process, every core
+phases=""
+phase_name=""
+phase_begin() {  # phase_begin NAME: the commands up to phase_end are this phase
+  phase_name=$1; phase_t0=$(date +%s%N); phase_c0=$(own_cpu); phase_m0=$(machine_cpu)
+}
+phase_end() {
+  [ -n "$phase_name" ] || return 0
+  local wall cpu others
+  wall=$(( ($(date +%s%N) - phase_t0) / 1000000 ))
+  cpu=$(( $(own_cpu) - phase_c0 ))
+  others=$(( $(machine_cpu) - phase_m0 - cpu ))
+  [ "$others" -ge 0 ] || others=0
+  phases+=$(awk -v n="$phase_name" -v c="$cpu" -v w="$wall" -v o="$others" -v t="$tick" \
+    'BEGIN { printf "%-28s %8.1f %8.1f %13.1f", n, c / t, w / 1000, o / t }')$'\n'
+  phase_name=""
+}
+report_times() {
+  phase_end
+  [ -n "$phases" ] || return 0
+  echo "== where the time went (CPU: user+sys of this run's processes; others: CPU the rest of the machine used meanwhile)"
+  printf '%-28s %8s %8s %13s\n' phase "CPU s" "wall s" "others CPU s"
+  printf '%s' "$phases"
+}
+trap report_times EXIT
+
+phase_begin install-deps
 scripts/install-deps.sh --e2e
 # FUSE mounts need the module on a fresh host; harmless when it is built in or already loaded.
 modprobe fuse 2>/dev/null || true
+phase_end
 
+phase_begin "build release"
 scripts/build.sh release
+phase_end
+phase_begin "build asan"
 scripts/build.sh asan
+phase_end
 
 # A skipped test is never a silent pass: each run lists how many tests were skipped and why (the GTEST_SKIP
 # messages, e.g. "needs /dev/fuse"), and under CI=true any skip fails the whole command.
@@ -38,17 +75,25 @@ run_ctest() {  # run_ctest DIR ARGS...: ctest with --output-on-failure, then the
 }
 
 echo "== release build: all tests (the soak runs below, for a bounded time)"
+phase_begin "ctest release"
 run_ctest build/release -LE soak
+phase_end
 
 echo "== ASan/UBSan build: all tests except the QEMU e2e"
+phase_begin "ctest asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build/asan -LE 'e2e|soak'
+phase_end
 
 echo "== fuzzing: every target for 20 s"
+phase_begin "fuzz (build + 8 x 20 s)"
 scripts/fuzz.sh 20
+phase_end
 
 echo "== chaos soak: 60 s"
+phase_begin "soak 60 s"
 scripts/soak.sh 1
+phase_end
 
 if [ "$skipped_total" -gt 0 ]; then
   echo "== tests passed in $(( $(date +%s) - start )) s, but $skipped_total were SKIPPED:"
