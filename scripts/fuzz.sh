@@ -1,21 +1,20 @@
 #!/bin/bash
-# Builds the libFuzzer targets of tests/fuzz (clang, ASan+UBSan, build/fuzz) and runs each for SECONDS with
-# libFuzzer's -max_total_time, starting from tests/fuzz/corpus/<target>/ (new inputs go to a temporary
-# directory; the checked-in seeds are not changed). Prints each target's closing line; exits non-zero if any
-# target crashed, leaked or timed out, and leaves the reproducer in build/fuzz/artifacts/.
+# Builds the libFuzzer targets of tests/fuzz and runs each for SECONDS with libFuzzer's -max_total_time, starting
+# from tests/fuzz/corpus/<target>/ (new inputs go to a temporary directory; the checked-in seeds are not changed).
+# The targets live in the sanitizer build (scripts/build.sh asan: clang, ASan+UBSan and libFuzzer's coverage
+# instrumentation on every object), so the objects the tests run are the ones fuzzed. Prints each target's closing
+# line; exits non-zero if any target crashed, leaked or timed out, and leaves the reproducer in build/asan/artifacts/.
 # Usage: scripts/fuzz.sh [SECONDS] [target-filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 filter=${2:-}
-build=build/fuzz
-if [ ! -f "$build/build.ninja" ]; then
-  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVFIO_AGENT_FUZZ=ON >/dev/null
-fi
-# Only the fuzz targets and what they link (no gRPC servers, tests or simulators' FUSE binaries).
-if ! nice -n 10 ninja -C "$build" -j "${FUZZ_JOBS:-2}" fuzz_targets >"$build/fuzz-build.log" 2>&1; then
-  grep -E "error|FAILED" "$build/fuzz-build.log" | head -20
-  echo "fuzz: build failed (log: $build/fuzz-build.log)"
+build=build/asan
+mkdir -p build
+# Only the fuzz targets and what they link (a no-op after scripts/build.sh asan, as in scripts/test.sh).
+if ! nice -n 10 scripts/build.sh asan --target fuzz_targets >"$build.fuzz-build.log" 2>&1; then
+  grep -E "error|FAILED" "$build.fuzz-build.log" | head -20
+  echo "fuzz: build failed (log: $build.fuzz-build.log)"
   exit 1
 fi
 mkdir -p "$build/artifacts"
