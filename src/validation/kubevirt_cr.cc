@@ -136,6 +136,13 @@ bool HasBlockFlowEntry(std::string_view text) {
       continue;
     }
     if (c == ',' && depth == 0 && token_start) return true;
+    if ((c == '!' || c == '&' || c == '*') && token_start) {
+      // A tag, anchor or alias ends at a blank or a flow indicator, and what follows starts a token: the ','
+      // of "x\n!, y" is then a flow entry outside every flow collection.
+      while (i + 1 < text.size() && std::string_view(" \t\r\n,[]{}").find(text[i + 1]) == std::string_view::npos) ++i;
+      token_start = true;
+      continue;
+    }
     if ((c == '{' || c == '[') && (token_start || depth > 0)) {  // "v1[a" is a plain scalar
       ++depth;
       token_start = true;

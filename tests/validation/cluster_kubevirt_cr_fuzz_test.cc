@@ -16,6 +16,7 @@ TEST(KubevirtCrFuzzRegression, TextsThatHungYamlCppAreRefused) {
       "\"x\",",                                           // after a top-level quoted scalar
       std::string("\0\0\0, x", 6),                        // NULs, which yaml-cpp skips
       "!,",                                               // after a tag
+      "a: 1\n---\n  name: x\n!, y\n",                      // after a tag on a later line of a document
       "kind: KubeVirt\nmetadata:\n  name: kubevirt\n  , namespace: kubevirt\n",  // a line starting with ','
       "{\"apiVersion\": v1\", \"kind\"}, \"spec\": {}",  // a quote inside a plain scalar, then ','
   };
