@@ -119,6 +119,8 @@ bool HasBlockFlowEntry(std::string_view text) {
       }
       block_scalar_indent = -1;
       token_start = true;
+      // A document marker ends every flow collection a document left open: no collection spans documents.
+      if (line_indent == 0 && (text.substr(i, 3) == "---" || text.substr(i, 3) == "...")) depth = 0;
     }
     if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
       if (c == '\n') token_start = true;

@@ -17,6 +17,9 @@ TEST(KubevirtCrFuzzRegression, TextsThatHungYamlCppAreRefused) {
       std::string("\0\0\0, x", 6),                        // NULs, which yaml-cpp skips
       "!,",                                               // after a tag
       "a: 1\n---\n  name: x\n!, y\n",                      // after a tag on a later line of a document
+      // a ',' line after flows left open in earlier documents
+      "ad\n-apiVeruioe bnuk:vir\xf3[io/v2\n{iirt\nmet[d\n---\n  nam,ert\nmet[d\n---\n  na:irt\nmet[d\n---\n"
+      "  name: kubevirt\n , name",
       "kind: KubeVirt\nmetadata:\n  name: kubevirt\n  , namespace: kubevirt\n",  // a line starting with ','
       "{\"apiVersion\": v1\", \"kind\"}, \"spec\": {}",  // a quote inside a plain scalar, then ','
   };
