@@ -3,6 +3,11 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <limits>
@@ -50,6 +55,26 @@ constexpr milliseconds kSettleRescan{25};           // second look after a devic
 // is it worth a warning. The daemon's registration grace is the same.
 constexpr milliseconds kQuietRegisterFailures{30000};
 
+// True when a process listens on the Unix socket `path`. A kubelet that is down refuses; one that is exiting
+// may still accept for a moment after its streams ended, and then costs one server restart more.
+bool Listening(const std::filesystem::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: behave as if it were up
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string text = path.string();
+  if (text.size() >= sizeof(address.sun_path)) {
+    ::close(fd);
+    return true;
+  }
+  text.copy(address.sun_path, text.size());
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int err = errno;
+  ::close(fd);
+  // EAGAIN: a full backlog, still a listener.
+  return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
+}
+
 // gRPC's async client API on the call's own queue, waited on by a thread that lives as long as the call:
 // the callback API would keep gRPC's shared polling threads waking every second.
 struct RegisterCall {
@@ -67,7 +92,6 @@ struct RegisterCall {
   grpc::Status status;
   std::string resource;
   uint64_t generation = 0;
-  uint64_t attempt = 0;
   int streams_before = 0;  // the server's streams_opened() as the call was sent: a stream after it is its own
   FileId kubelet;
 };
@@ -77,7 +101,6 @@ struct Resource {
   std::filesystem::path socket;
   std::unique_ptr<ResourceServer> server;
   uint64_t generation = 0;  // bumped on every (re)serve; answers for older generations are stale
-  uint64_t attempt = 0;     // bumped when a registration is voided on the same server; older answers are stale
   bool registered = false;
   bool register_in_flight = false;
   bool stream_ended = false;
@@ -451,16 +474,17 @@ void Agent::Impl::Reconcile() {
     } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
       reason = "kubelet.sock re-created (kubelet restart)";
     } else if (resource.stream_ended && resource.server->live_streams() == 0) {
-      // The registration is void, and so is one still in flight: the kubelet opens the stream before its
-      // Register reply is sent, so a late OK (an older attempt) is dropped. Registered again on the same
-      // server: a kubelet that dropped us and stays up (R22) dials the same socket again, and one that is going
-      // down deletes our socket when it starts again, which restarts the server then, once.
-      spdlog::info("{}: ListAndWatch stream ended; registering again", name);
-      resource.registered = false;
-      resource.register_in_flight = false;
-      ++resource.attempt;
-      resource.backoff = milliseconds(0);
-      resource.next_attempt = now;
+      if (Listening(kubelet_socket_)) {
+        // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream
+        // that ends before the reply is processed voids that registration too, and the late OK (an older
+        // generation) is then dropped. A new server also closes every connection of the old one.
+        reason = "ListAndWatch stream ended";
+      } else {
+        // The kubelet is down: the one that starts next deletes our socket, and the server restarts then,
+        // once, instead of now and again then.
+        spdlog::info("{}: ListAndWatch stream ended with the kubelet down; serving again when it returns", name);
+        resource.registered = false;
+      }
     } else if (resource.registered && resource.server->streams_opened() == resource.streams_before_register &&
                now >= resource.registered_at + kFirstStreamWait) {
       // A kubelet before PR #135437 that handles the end of our previous stream after this Register disconnects
@@ -531,7 +555,6 @@ void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
   *call->request.mutable_options() = internal::PluginOptions();
   call->resource = resource.name;
   call->generation = resource.generation;
-  call->attempt = resource.attempt;
   call->streams_before = resource.server->streams_opened();
   call->kubelet = kubelet;
   resource.register_in_flight = true;
@@ -566,7 +589,7 @@ void Agent::Impl::StartRegister(Resource& resource, const FileId& kubelet) {
 void Agent::Impl::RegisterDone(const RegisterCall& call) {
   std::lock_guard lock(mu_);
   auto it = resources_.find(call.resource);
-  if (it == resources_.end() || it->second.generation != call.generation || it->second.attempt != call.attempt) return;
+  if (it == resources_.end() || it->second.generation != call.generation) return;
   Resource& resource = it->second;
   resource.register_in_flight = false;
   if (!call.status.ok() && !(call.kubelet == kubelet_)) {
