@@ -12,11 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::string_view Env(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? absl::string_view() : absl::string_view(value);
-}
-
 // The server's own words (a Status object's message) when it sent one, else the start of the body.
 std::string ServerMessage(const Json& body, const ApiResponse& response) {
   if (body.is_object() && body.contains("message") && body["message"].is_string()) {
@@ -74,10 +69,7 @@ absl::StatusOr<std::string> AdmissionPolicyReader::Get(absl::string_view collect
 
 absl::StatusOr<std::unique_ptr<AdmissionPolicyReader>> ConnectAdmissionPolicyReader(
     const AdmissionPolicyReaderOptions& options) {
-  absl::StatusOr<ClusterConfig> config =
-      options.kubeconfig.empty()
-          ? LoadInClusterConfig(options.service_account_dir, Env("KUBERNETES_SERVICE_HOST"), Env("KUBERNETES_SERVICE_PORT"))
-          : LoadKubeconfig(options.kubeconfig);
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);
   if (!config.ok()) return config.status();
   return std::make_unique<AdmissionPolicyReader>(std::make_unique<ApiClient>(*std::move(config)));
 }

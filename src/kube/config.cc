@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -203,6 +204,16 @@ bool TokenSource::Reload() {
   stamp_ = FileStamp{};
   absl::StatusOr<std::string> token = ReadLocked();
   return token.ok() && *token != before;
+}
+
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::filesystem::path& kubeconfig,
+                                                const std::filesystem::path& service_account_dir) {
+  if (!kubeconfig.empty()) return LoadKubeconfig(kubeconfig);
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value == nullptr ? absl::string_view() : absl::string_view(value);
+  };
+  return LoadInClusterConfig(service_account_dir, env("KUBERNETES_SERVICE_HOST"), env("KUBERNETES_SERVICE_PORT"));
 }
 
 }  // namespace vfio_agent::kube

@@ -36,6 +36,11 @@ absl::StatusOr<ClusterConfig> LoadKubeconfig(const std::filesystem::path& path);
 absl::StatusOr<ClusterConfig> LoadInClusterConfig(const std::filesystem::path& service_account_dir,
                                                   absl::string_view host, absl::string_view port);
 
+// --kubeconfig when one is given, else the in-cluster service account (KUBERNETES_SERVICE_HOST/PORT from the
+// environment): the one choice every API client of the agent makes.
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::filesystem::path& kubeconfig,
+                                                const std::filesystem::path& service_account_dir);
+
 // The bearer token to send. A token file is re-read when its modification time, size or inode changes (the
 // kubelet rotates projected tokens by swapping a symlink) and after a 401. Thread-safe.
 class TokenSource {

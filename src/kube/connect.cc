@@ -19,11 +19,6 @@ bool IsNodeName(const std::string& name) {
   return true;
 }
 
-absl::string_view Env(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? absl::string_view() : absl::string_view(value);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NodeReporter>> ConnectNodeReporter(const ConnectOptions& options) {
@@ -34,10 +29,7 @@ absl::StatusOr<std::unique_ptr<NodeReporter>> ConnectNodeReporter(const ConnectO
     return absl::InvalidArgumentError(absl::StrCat("invalid node name \"", options.node_name,
                                                    "\": lower-case letters, digits, '-' and '.' only"));
   }
-  absl::StatusOr<ClusterConfig> config =
-      options.kubeconfig.empty()
-          ? LoadInClusterConfig(options.service_account_dir, Env("KUBERNETES_SERVICE_HOST"), Env("KUBERNETES_SERVICE_PORT"))
-          : LoadKubeconfig(options.kubeconfig);
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);
   if (!config.ok()) return config.status();
   return StartNodeReporter(std::make_unique<ApiClient>(*std::move(config)), ReporterOptions{.node_name = options.node_name});
 }

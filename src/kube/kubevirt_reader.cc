@@ -12,11 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::string_view Env(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? absl::string_view() : absl::string_view(value);
-}
-
 // The server's own words (a Status object's message) when it sent one, else the start of the body.
 std::string ServerMessage(const ApiResponse& response) {
   const Json body = Json::parse(response.body, nullptr, /*allow_exceptions=*/false);
@@ -64,10 +59,7 @@ absl::StatusOr<KubevirtList> KubevirtReader::List(std::chrono::milliseconds time
 }
 
 absl::StatusOr<std::unique_ptr<KubevirtReader>> ConnectKubevirtReader(const KubevirtReaderOptions& options) {
-  absl::StatusOr<ClusterConfig> config =
-      options.kubeconfig.empty()
-          ? LoadInClusterConfig(options.service_account_dir, Env("KUBERNETES_SERVICE_HOST"), Env("KUBERNETES_SERVICE_PORT"))
-          : LoadKubeconfig(options.kubeconfig);
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);
   if (!config.ok()) return config.status();
   return std::make_unique<KubevirtReader>(std::make_unique<ApiClient>(*std::move(config)));
 }
