@@ -1,0 +1,107 @@
+// Shared-NVSwitch mode: which GPUs may be advertised, which partition an allocation gets, and the partitions
+// released once no pod holds their GPUs. One FM connection for the process, reconnected when it breaks; after
+// a reconnect FM is told which partitions are active (the FM guide requires it after an FM restart).
+// Thread-safe: Allocate and Preferred run on gRPC threads, Reconcile on the agent's fabric thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vfio_gpu_agent/fabric/fm_client.h"
+#include "vfio_gpu_agent/fabric/partitions.h"
+
+namespace vfio_agent::fabric {
+
+struct FabricOptions {
+  std::string address;  // as NvfmOptions::address; shown in messages
+  // fail_open: a GPU FM cannot vouch for is still advertised (with a warning) and an allocation that is no
+  // partition gets each GPU's own single-GPU partition. Closed (default): neither happens.
+  bool fail_open = false;
+  // A partition Allocate activated is kept this long before pod-resources must show a pod holding it: the
+  // kubelet records the assignment only after our answer.
+  std::chrono::milliseconds activation_grace{30000};
+};
+
+// What the agent tells its host about the fabric (events, metrics); called without the manager's lock held.
+class FabricObserver {
+ public:
+  virtual ~FabricObserver() = default;
+  virtual void OnPartitionActivated(const Partition& partition, const std::vector<std::string>& for_gpus) = 0;
+  virtual void OnPartitionDeactivated(const Partition& partition, const std::string& why) = 0;
+  // FM refused: `fm_status` is FM's name for the code ("FM_ST_NVLINK_ERROR"), or "unavailable".
+  virtual void OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
+                                  const std::string& message) = 0;
+  virtual void OnFabricWarning(const std::string& reason, const std::string& message) = 0;
+};
+
+struct FabricStatus {
+  bool connected = false;
+  std::string error;  // the last failure talking to FM; "" when the last call worked
+  PartitionTable table;  // as of the last successful read
+  int reconnects = 0;    // connections made after one was lost
+  uint64_t generation = 0;  // bumped whenever what Unusable() answers may have changed
+};
+
+class PartitionManager {
+ public:
+  using ClientFactory = std::function<absl::StatusOr<std::unique_ptr<FmClient>>()>;
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+
+  PartitionManager(FabricOptions options, ClientFactory connect, FabricObserver* observer = nullptr,
+                   Clock clock = std::chrono::steady_clock::now);
+  ~PartitionManager();
+
+  // One pass: connect if needed (after a lost connection, fmSetActivatedFabricPartitions with what is still
+  // held), read the partitions, adopt the active ones found, and deactivate every active partition none of
+  // whose GPUs `held` names (nullopt = pod-resources did not answer: nothing is released).
+  absl::Status Reconcile(const std::optional<std::set<std::string>>& held);
+
+  // Why `bdf` must not be advertised now; "" when it may. Fail-open answers "" throughout.
+  std::string Unusable(const std::string& bdf) const;
+
+  // The partition-aligned choice for GetPreferredAllocation; nullopt when there is none (the caller falls back
+  // to its own choice and this reports it).
+  std::optional<std::vector<std::string>> Preferred(const std::set<std::string>& free, const std::set<std::string>& must,
+                                                    int size, const std::map<std::string, int>& numa);
+
+  // Before Allocate answers: `gpus` must be exactly one supported partition, which is then active (an
+  // overlapping partition left active by a finished pod is deactivated first). The error names the
+  // partitions that would work, or FM's status.
+  absl::Status PrepareAllocation(const std::set<std::string>& gpus);
+
+  FabricStatus Status() const;
+
+ private:
+  absl::Status ConnectLocked(const std::optional<std::set<std::string>>& held);
+  absl::Status ReadLocked();
+  void DropLocked(const absl::Status& why);
+  // By value: a read of FM's list replaces the table the caller found it in.
+  absl::Status ActivateLocked(Partition partition, const std::set<std::string>& gpus,
+                              std::vector<std::function<void()>>* notes);
+  bool HeldLocked(const Partition& partition, const std::optional<std::set<std::string>>& held) const;
+  void SetErrorLocked(std::string error);
+
+  const FabricOptions options_;
+  const ClientFactory connect_;
+  FabricObserver* const observer_;
+  const Clock clock_;
+
+  mutable std::mutex mu_;
+  std::unique_ptr<FmClient> client_;
+  bool ever_connected_ = false;
+  bool read_once_ = false;
+  FabricStatus status_;
+  std::set<std::string> last_held_;  // as of the last pod-resources answer
+  std::map<uint32_t, std::chrono::steady_clock::time_point> activated_at_;  // by Allocate, this process
+};
+
+}  // namespace vfio_agent::fabric

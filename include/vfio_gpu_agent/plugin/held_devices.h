@@ -1,0 +1,20 @@
+// Which of our devices the kubelet has assigned to a pod right now (pod-resources List): what must not be
+// released under a running VM.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace vfio_agent::plugin {
+
+// The device ids of `resource_names` in every container pod-resources lists. Unavailable with the socket and
+// gRPC's reason when the kubelet does not answer within `deadline`.
+absl::StatusOr<std::set<std::string>> HeldDeviceIds(const std::filesystem::path& socket,
+                                                    const std::set<std::string>& resource_names,
+                                                    std::chrono::milliseconds deadline);
+
+}  // namespace vfio_agent::plugin
