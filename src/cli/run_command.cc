@@ -30,8 +30,6 @@ std::vector<FlagSpec> RunFlags() {
        "in-cluster service account"},
       {"node-name", "NAME", "this node's name in the cluster (also env NODE_NAME, from the downward API)", ""},
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
-      {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket (readiness: allocatable devices)",
-       "/var/lib/kubelet/pod-resources/kubelet.sock"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
       {"registration-grace", "MS",
        "how long registration with the kubelet may take (after a start or a kubelet restart) before it is "
@@ -76,9 +74,6 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   options.registration_grace = std::chrono::milliseconds(*grace);
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
-  if (cmd.flags.Has("pod-resources-socket")) {
-    options.serve.paths.pod_resources_socket = cmd.flags.Get("pod-resources-socket");
-  }
   options.bind.paths.pod_resources_socket = options.serve.paths.pod_resources_socket;
   return options;
 }

@@ -1,19 +1,60 @@
 #include <charconv>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::cli {
 
 std::vector<FlagSpec> ServeFlags() {
-  return {
+  std::vector<FlagSpec> specs = {
       {"kubelet-socket", "PATH", "the kubelet's registration socket", "<kubelet-dir>/kubelet.sock"},
       {"rescan-interval", "MS", "safety-net rescan of sysfs, in milliseconds", "60000"},
       {"udev", "", "watch udev PCI events (--no-udev on a simulated sysfs)", "on"},
       {"cdi", "", "also return CDI device names and write CDI specs", "off"},
       {"cdi-dir", "DIR", "where CDI specs are written", "/var/run/cdi"},
+      {"pod-resources-socket", "PATH",
+       "the kubelet's pod-resources socket (which devices pods hold: readiness, partition release)",
+       "/var/lib/kubelet/pod-resources/kubelet.sock"},
+      {"fabric-interval", "MS", "with --fabric-manager: how often FM is read and unheld partitions released", "5000"},
   };
+  for (FlagSpec& spec : FabricFlags()) specs.push_back(std::move(spec));
+  return specs;
+}
+
+std::vector<FlagSpec> FabricFlags() {
+  return {
+      {"fabric-manager", "ADDRESS",
+       "HGX shared-NVSwitch mode: Fabric Manager's command address (unix:/run/nvidia-fabricmanager/socket or "
+       "host:port); a GPU is advertised only in a supported partition and Allocate activates one",
+       "off"},
+      {"fabric-fail-mode", "closed|open",
+       "when FM cannot vouch for a GPU: closed = Unhealthy and no allocation; open = advertised, with a warning",
+       "closed"},
+      {"fabric-library", "PATH", "Fabric Manager's client library", "libnvfm.so.1"},
+  };
+}
+
+absl::StatusOr<fabric::FabricOptions> FabricOptionsFromFlags(const ParsedCommand& cmd) {
+  fabric::FabricOptions options;
+  options.address = cmd.flags.Get("fabric-manager");
+  if (options.address.empty()) return options;
+  if (absl::StatusOr<fabric::FmAddress> address = fabric::ParseFmAddress(options.address); !address.ok()) {
+    return address.status();
+  }
+  if (cmd.common.policy.include_nvswitches) {
+    return absl::InvalidArgumentError(
+        "--fabric-manager and --nvswitches exclude each other: in shared-NVSwitch mode the NVSwitches stay on the "
+        "host driver with Fabric Manager; --nvswitches is the full-passthrough mode, where the VM runs FM");
+  }
+  const std::string mode = cmd.flags.Get("fabric-fail-mode", "closed");
+  if (mode != "closed" && mode != "open") {
+    return absl::InvalidArgumentError(absl::StrCat("--fabric-fail-mode \"", mode, "\": closed or open"));
+  }
+  options.fail_open = mode == "open";
+  return options;
 }
 
 absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& cmd,
@@ -35,6 +76,20 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   options.udev = cmd.flags.Get("udev", "true") == "true";
   options.cdi = cmd.flags.GetBool("cdi");
   options.cdi_dir = cmd.flags.Get("cdi-dir", "/var/run/cdi");
+  options.paths.pod_resources_socket =
+      cmd.flags.Get("pod-resources-socket", options.paths.pod_resources_socket.string());
+  absl::StatusOr<fabric::FabricOptions> fabric = FabricOptionsFromFlags(cmd);
+  if (!fabric.ok()) return fabric.status();
+  options.fabric = *std::move(fabric);
+  options.fabric_library = cmd.flags.Get("fabric-library", "libnvfm.so.1");
+  const std::string fabric_interval = cmd.flags.Get("fabric-interval", "5000");
+  int fabric_ms = 0;
+  auto [fptr, fec] = std::from_chars(fabric_interval.data(), fabric_interval.data() + fabric_interval.size(), fabric_ms);
+  if (fec != std::errc() || fptr != fabric_interval.data() + fabric_interval.size() || fabric_ms < 10 ||
+      fabric_ms > 10000) {
+    return absl::InvalidArgumentError("--fabric-interval must be a whole number of milliseconds from 10 to 10000");
+  }
+  options.fabric_interval = std::chrono::milliseconds(fabric_ms);
   return options;
 }
 

@@ -30,6 +30,7 @@
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
+#include "vfio_gpu_agent/plugin/held_devices.h"
 #include "watchers.h"
 
 namespace vfio_agent::plugin {
@@ -140,7 +141,13 @@ class Agent::Impl {
       : options_(std::move(options)),
         kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
                                                         : options_.kubelet_socket),
-        names_(options_.pci_ids, options_.domain, options_.overrides) {}
+        names_(options_.pci_ids, options_.domain, options_.overrides) {
+    if (!options_.fabric.address.empty()) {
+      const fabric::NvfmOptions nvfm{.address = options_.fabric.address, .library = options_.fabric_library};
+      fabric_ = std::make_unique<fabric::PartitionManager>(
+          options_.fabric, [nvfm] { return fabric::ConnectNvfm(nvfm); }, options_.fabric_observer);
+    }
+  }
   ~Impl() { Stop(); }
 
   absl::Status Start();
@@ -150,6 +157,10 @@ class Agent::Impl {
     return snapshot_;
   }
   std::vector<ResourceStatus> Resources() const;
+  std::optional<fabric::FabricStatus> Fabric() const {
+    if (!fabric_) return std::nullopt;
+    return fabric_->Status();
+  }
   void RescanNow() {
     {
       std::lock_guard lock(mu_);
@@ -165,6 +176,10 @@ class Agent::Impl {
   void ScanLoop();
   void RequestScan();
   std::optional<DeviceSnapshot> BuildFromSysfs();
+  // A GPU Fabric Manager does not vouch for is Unhealthy: in the VM its CUDA would fail (error 802).
+  void MarkFabric(DeviceSnapshot& snapshot) const;
+  // Releases partitions no pod holds and follows FM's state; a change of what FM vouches for rescans.
+  void FabricLoop();
   void Apply(DeviceSnapshot next);
   void Reconcile();
   absl::StatusOr<pci::Inventory> ScanSysfs() const {
@@ -184,8 +199,10 @@ class Agent::Impl {
   internal::DirWatcher dirs_;
   internal::UdevMonitor udev_;
   internal::Wakeup wakeup_;
+  std::unique_ptr<fabric::PartitionManager> fabric_;
   std::thread loop_;
   std::thread scanner_;
+  std::thread fabric_thread_;
   bool started_ = false;
 
   // Loop state; the accessors read it under mu_.
@@ -205,6 +222,7 @@ class Agent::Impl {
 
   // Scanner state (queue_mu_ guards the request flag; remembered_ is the scanner's alone after Start).
   std::condition_variable scan_cv_;
+  std::condition_variable fabric_cv_;
   bool scan_requested_ = false;
   std::set<std::string> remembered_;
 };
@@ -225,10 +243,18 @@ absl::Status Agent::Impl::Start() {
   }
   absl::StatusOr<pci::Inventory> first = ScanSysfs();
   if (!first.ok()) return first.status();
+  // Before the first list: a GPU FM cannot vouch for yet is not advertised Healthy for a moment.
+  if (fabric_) {
+    if (absl::Status fm = fabric_->Reconcile(std::nullopt); !fm.ok()) {
+      spdlog::warn("fabric: Fabric Manager at {}: {}; its GPUs stay Unhealthy until it answers",
+                   options_.fabric.address, fm.ToString());
+    }
+  }
   {
     std::lock_guard lock(mu_);
     const pci::Selection selection = pci::Select(*first, options_.policy);
     DeviceSnapshot snapshot = BuildSnapshot(options_.paths, *first, selection, names_, remembered_);
+    MarkFabric(snapshot);
     remembered_ = AdvertisedIds(snapshot);
     Apply(std::move(snapshot));
     Reconcile();
@@ -242,6 +268,12 @@ absl::Status Agent::Impl::Start() {
     NameThisThread("va-plugin");
     Loop();
   });
+  if (fabric_) {
+    fabric_thread_ = std::thread([this] {
+      NameThisThread("va-fabric");
+      FabricLoop();
+    });
+  }
   return absl::OkStatus();
 }
 
@@ -253,8 +285,10 @@ void Agent::Impl::Stop() {
   }
   wakeup_.Notify();
   scan_cv_.notify_all();
+  fabric_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
   if (scanner_.joinable()) scanner_.join();
+  if (fabric_thread_.joinable()) fabric_thread_.join();
   {
     std::unique_lock lock(queue_mu_);
     for (RegisterCall* call : calls_in_flight_) call->context.TryCancel();
@@ -395,8 +429,46 @@ std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs() {
   }
   const pci::Selection selection = pci::Select(*inventory, options_.policy);
   DeviceSnapshot next = BuildSnapshot(options_.paths, *inventory, selection, names_, remembered_);
+  MarkFabric(next);
   remembered_ = AdvertisedIds(next);
   return next;
+}
+
+void Agent::Impl::MarkFabric(DeviceSnapshot& snapshot) const {
+  if (!fabric_) return;
+  for (auto& [name, resource] : snapshot.resources) {
+    for (PluginDevice& device : resource.devices) {
+      if (!device.healthy) continue;
+      std::string reason = fabric_->Unusable(device.id);
+      if (reason.empty()) continue;
+      device.healthy = false;
+      device.unhealthy_reason = std::move(reason);
+    }
+  }
+}
+
+void Agent::Impl::FabricLoop() {
+  uint64_t seen = fabric_->Status().generation;
+  while (true) {
+    {
+      std::unique_lock lock(queue_mu_);
+      fabric_cv_.wait_for(lock, options_.fabric_interval, [&] { return stopping_; });
+      if (stopping_) return;
+    }
+    std::set<std::string> names;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [name, resource] : resources_) names.insert(name);
+    }
+    absl::StatusOr<std::set<std::string>> held =
+        HeldDeviceIds(options_.paths.pod_resources_socket, names, milliseconds(2000));
+    if (!held.ok()) spdlog::debug("fabric: {}; no partition is released this pass", held.status().ToString());
+    (void)fabric_->Reconcile(held.ok() ? std::optional(*std::move(held)) : std::nullopt);  // logged by the manager
+    if (const uint64_t generation = fabric_->Status().generation; generation != seen) {
+      seen = generation;
+      RescanNow();
+    }
+  }
 }
 
 void Agent::Impl::Apply(DeviceSnapshot next) {
@@ -524,7 +596,7 @@ void Agent::Impl::Serve(Resource& resource) {
           if (it != resources_.end() && it->second.generation == generation) it->second.stream_ended = true;
         });
       },
-      options_.observer);
+      options_.observer, fabric_.get());
   std::error_code ec;
   std::filesystem::create_directories(options_.paths.kubelet_dir, ec);
   static const ResourceDevices kNone;
@@ -639,6 +711,7 @@ void Agent::Stop() { impl_->Stop(); }
 void Agent::RescanNow() { impl_->RescanNow(); }
 DeviceSnapshot Agent::Snapshot() const { return impl_->Snapshot(); }
 std::vector<ResourceStatus> Agent::Resources() const { return impl_->Resources(); }
+std::optional<fabric::FabricStatus> Agent::Fabric() const { return impl_->Fabric(); }
 
 absl::Status Serve(const ServeOptions& options) {
   sigset_t signals;

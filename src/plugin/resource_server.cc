@@ -276,12 +276,14 @@ class DeviceStream final {
 };
 
 ResourceServer::ResourceServer(std::string resource_name, std::filesystem::path socket, bool cdi,
-                               std::function<void()> on_stream_ended, AgentObserver* observer)
+                               std::function<void()> on_stream_ended, AgentObserver* observer,
+                               fabric::PartitionManager* fabric)
     : resource_name_(std::move(resource_name)),
       socket_(std::move(socket)),
       cdi_(cdi),
       on_stream_ended_(std::move(on_stream_ended)),
-      observer_(observer) {}
+      observer_(observer),
+      fabric_(fabric) {}
 
 ResourceServer::~ResourceServer() { Shutdown(false); }
 
@@ -448,7 +450,18 @@ grpc::Status ResourceServer::GetPreferredAllocation(const v1beta1::PreferredAllo
   for (const v1beta1::ContainerPreferredAllocationRequest& container : request.container_requests()) {
     std::vector<std::string> available(container.available_deviceids().begin(), container.available_deviceids().end());
     std::vector<std::string> must(container.must_include_deviceids().begin(), container.must_include_deviceids().end());
-    std::vector<std::string> chosen = PreferredAllocation(current->devices, available, must, container.allocation_size());
+    std::vector<std::string> chosen;
+    std::optional<std::vector<std::string>> partition;
+    if (fabric_ != nullptr) {
+      std::map<std::string, int> numa;
+      for (const PluginDevice& device : current->devices.devices) {
+        if (device.numa_node) numa[device.id] = *device.numa_node;
+      }
+      partition = fabric_->Preferred({available.begin(), available.end()}, {must.begin(), must.end()},
+                                     container.allocation_size(), numa);
+    }
+    chosen = partition ? *std::move(partition)
+                       : PreferredAllocation(current->devices, available, must, container.allocation_size());
     spdlog::debug("{}: preferred {} of [{}] must [{}] -> [{}]", resource_name_, container.allocation_size(),
                  absl::StrJoin(available, ","), absl::StrJoin(must, ","), absl::StrJoin(chosen, ","));
     auto* out = response->add_container_responses();
@@ -474,6 +487,14 @@ grpc::Status ResourceServer::Allocate(const v1beta1::AllocateRequest& request, v
                    std::string(allocation.status().message()));
       observe(false);
       return ToGrpc(allocation.status());
+    }
+    if (fabric_ != nullptr && !ids.empty()) {
+      if (absl::Status partition = fabric_->PrepareAllocation({ids.begin(), ids.end()}); !partition.ok()) {
+        spdlog::warn("{}: allocate [{}] rejected: {}", resource_name_, absl::StrJoin(ids, ","),
+                     std::string(partition.message()));
+        observe(false);
+        return ToGrpc(partition);
+      }
     }
     *response->add_container_responses() = ToProto(*allocation);
     granted.push_back(absl::StrCat("[", absl::StrJoin(ids, ","), "]"));

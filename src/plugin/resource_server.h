@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "grpcpp/server.h"
+#include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -54,8 +55,10 @@ class ResourceServer final {
  public:
   // `on_stream_ended` runs on a gRPC thread when a ListAndWatch stream ends other than by Shutdown; it must
   // not block.
+  // `fabric` (not owned; null without --fabric-manager): Preferred hands out partitions, Allocate activates one.
   ResourceServer(std::string resource_name, std::filesystem::path socket, bool cdi,
-                 std::function<void()> on_stream_ended, AgentObserver* observer = nullptr);
+                 std::function<void()> on_stream_ended, AgentObserver* observer = nullptr,
+                 fabric::PartitionManager* fabric = nullptr);
   ~ResourceServer();  // Shutdown(false)
 
   // Binds (refusing a socket another live server answers on) and serves `devices`.
@@ -105,6 +108,7 @@ class ResourceServer final {
   const bool cdi_;
   const std::function<void()> on_stream_ended_;
   AgentObserver* const observer_;
+  fabric::PartitionManager* const fabric_;
   v1beta1::DevicePlugin::AsyncService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::unique_ptr<grpc::Server> server_;

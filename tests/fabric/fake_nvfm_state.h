@@ -63,6 +63,12 @@ void UpdateFakeFm(const std::filesystem::path& file, Fn&& fn) {
   WriteFakeFm(file, state);
 }
 
+// What the fake holds now, read under the lock (the fake rewrites the file in place).
+inline FakeFmState SnapshotFakeFm(const std::filesystem::path& file) {
+  FakeFmLock lock(file);
+  return ReadFakeFm(file);
+}
+
 // An FM restart: older connections die and the active partitions are forgotten.
 inline void RestartFakeFm(const std::filesystem::path& file) {
   UpdateFakeFm(file, [](FakeFmState& state) {

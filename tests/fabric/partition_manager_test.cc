@@ -14,7 +14,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using vfio_agent::testing::FakeFmState;
 using vfio_agent::testing::Module;
-using vfio_agent::testing::ReadFakeFm;
 using vfio_agent::testing::UpdateFakeFm;
 using namespace std::chrono_literals;
 
@@ -47,7 +46,7 @@ class PartitionManagerTest : public ::testing::Test {
         FabricOptions{.address = address, .fail_open = fail_open, .activation_grace = 30s},
         [nvfm] { return ConnectNvfm(nvfm); }, &recorder_, [this] { return now_; });
   }
-  FakeFmState Fm() const { return ReadFakeFm(fm_); }
+  FakeFmState Fm() const { return vfio_agent::testing::SnapshotFakeFm(fm_); }
 
   std::filesystem::path dir_, fm_;
   Recorder recorder_;

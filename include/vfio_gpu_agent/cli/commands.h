@@ -44,5 +44,8 @@ std::vector<FlagSpec> BindFlags();
 std::vector<FlagSpec> ServeFlags();
 absl::StatusOr<binding::BinderOptions> BinderOptionsFromFlags(const ParsedCommand& cmd);
 absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& cmd, const names::PciIdsDatabase* db);
+// --fabric-manager and its mode, shared by serve, run and validate; address "" = off.
+std::vector<FlagSpec> FabricFlags();
+absl::StatusOr<fabric::FabricOptions> FabricOptionsFromFlags(const ParsedCommand& cmd);
 
 }  // namespace vfio_agent::cli

@@ -28,7 +28,7 @@ struct FabricOptions {
   bool fail_open = false;
   // A partition Allocate activated is kept this long before pod-resources must show a pod holding it: the
   // kubelet records the assignment only after our answer.
-  std::chrono::milliseconds activation_grace{30000};
+  std::chrono::milliseconds activation_grace{5000};
 };
 
 // What the agent tells its host about the fabric (events, metrics); called without the manager's lock held.

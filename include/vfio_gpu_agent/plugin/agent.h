@@ -6,11 +6,13 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -45,6 +47,13 @@ struct ServeOptions {
   bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
   std::filesystem::path cdi_dir = "/var/run/cdi";
   AgentObserver* observer = nullptr;  // not owned; must outlive the agent
+  // Shared-NVSwitch mode (--fabric-manager): on when fabric.address is set. A GPU is advertised only while
+  // Fabric Manager vouches for it, GetPreferredAllocation hands out partitions, Allocate activates one, and
+  // partitions no pod holds (pod-resources) are released every fabric_interval.
+  fabric::FabricOptions fabric;
+  std::filesystem::path fabric_library = "libnvfm.so.1";
+  std::chrono::milliseconds fabric_interval{5000};
+  fabric::FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the agent
 };
 
 struct ResourceStatus {
@@ -74,6 +83,8 @@ class Agent {
 
   DeviceSnapshot Snapshot() const;
   std::vector<ResourceStatus> Resources() const;
+  // nullopt without --fabric-manager.
+  std::optional<fabric::FabricStatus> Fabric() const;
 
  private:
   class Impl;
