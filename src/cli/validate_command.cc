@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/kube/admission_policy_reader.h"
 #include "vfio_gpu_agent/kube/kubevirt_reader.h"
@@ -120,12 +121,12 @@ absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chron
 }  // namespace
 
 std::vector<FlagSpec> ValidateFlags() {
-  return {
+  std::vector<FlagSpec> specs = {
       {"status-dir", "DIR", "write the GPU Operator's status files (workload-type, vfio-pci-ready) there", ""},
       {"kubevirt-cr", "FILE", "KubeVirt CR as YAML or JSON (e.g. `kubectl get kubevirt -A -o yaml`)", ""},
       {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
-      {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, api, or all", "all"},
+      {"layers", "LIST", "comma-separated: platform, devices, plugin, kubelet, kubevirt, api, fabric, or all", "all"},
       {"rpc-timeout", "MS", "bound on each plugin and pod-resources exchange, in milliseconds", "2000"},
       {"kubeconfig", "FILE",
        "without --kubevirt-cr: read the KubeVirt CRs from this cluster (needs get/list kubevirts.kubevirt.io); the "
@@ -133,6 +134,10 @@ std::vector<FlagSpec> ValidateFlags() {
        "in-cluster service account, if any"},
       {"api-timeout", "MS", "bound on each API request, connecting included, in milliseconds", "3000"},
   };
+  for (FlagSpec& spec : FabricFlags()) {
+    if (spec.name != "fabric-fail-mode") specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
@@ -149,6 +154,9 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "The api layer reads from the same cluster whether the admission policy that holds each agent to its own\n"
           "Node is installed and bound with Deny (daemonset/base/agent/admission-policy.yaml); without it, or on\n"
           "Kubernetes < 1.30, it warns, naming what is lost. No cluster skips it.\n"
+          "The fabric layer (HGX shared-NVSwitch mode, --fabric-manager ADDRESS) asks Fabric Manager for its\n"
+          "partitions: FM answering in FABRIC_MODE=1, partitions listed, every selected GPU in one, NVSwitches on\n"
+          "the host driver. Without --fabric-manager it is skipped.\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
@@ -195,6 +203,16 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
         return usage(status.message());
       }
     }
+  }
+  if (options.layers.contains(validation::Layer::kFabric) && cmd.flags.Has("fabric-manager")) {
+    absl::StatusOr<fabric::FabricOptions> fabric = FabricOptionsFromFlags(cmd);
+    if (!fabric.ok()) return usage(fabric.status().message());
+    validation::FabricRead read{.address = fabric->address};
+    absl::StatusOr<std::unique_ptr<fabric::FmClient>> client = fabric::ConnectNvfm(
+        {.address = fabric->address, .library = cmd.flags.Get("fabric-library", "libnvfm.so.1"),
+         .connect_timeout = options.rpc_wait});
+    read.table = client.ok() ? (*client)->Partitions() : absl::StatusOr<fabric::PartitionTable>(client.status());
+    options.fabric = std::move(read);
   }
   // Names come from pinned entries and overrides first; pci.ids is parsed only if a GPU needs it.
   auto db = LazyNameDatabase(cmd.common);

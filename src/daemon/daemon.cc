@@ -34,7 +34,9 @@ using std::chrono::milliseconds;
 // failure only when they outlast the registration grace.
 constexpr milliseconds kLagRecheck{100};
 bool ClearsByItself(const std::string& check_id) {
-  return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "plugin.advertised";
+  // fabric.reachable: Fabric Manager initialising at boot, or reconnecting after its restart.
+  return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "plugin.advertised" ||
+         check_id == "fabric.reachable";
 }
 constexpr milliseconds kLabelsTimeout{2000};
 constexpr milliseconds kKubeletRecheck{60000};
@@ -63,7 +65,7 @@ class UdevUevents final : public UeventSource {
 
 }  // namespace
 
-class Daemon::Impl final : public plugin::AgentObserver {
+class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricObserver {
  public:
   Impl(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter, std::unique_ptr<UeventSource> uevents)
       : options_(std::move(options)),
@@ -72,6 +74,7 @@ class Daemon::Impl final : public plugin::AgentObserver {
         names_(options_.serve.pci_ids, options_.serve.domain, options_.serve.overrides),
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
+    options_.serve.fabric_observer = this;
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
     if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
   }
@@ -103,6 +106,29 @@ class Daemon::Impl final : public plugin::AgentObserver {
     kubelet_restarts_.fetch_add(1);
     wakeup_.Notify();
   }
+
+  // fabric::FabricObserver: one event per partition change, on the node the VM runs on.
+  void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override {
+    metrics_.CountPartitionActivation(true, "");
+    Event(kube::EventType::kNormal, "PartitionActivated", "Allocating",
+          absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " active for the GPUs [",
+                       absl::StrJoin(for_gpus, ","), "]"));
+  }
+  void OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) override {
+    metrics_.CountPartitionRelease();
+    Event(kube::EventType::kNormal, "PartitionReleased", "Releasing",
+          absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " deactivated: ", why));
+  }
+  void OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
+                          const std::string& message) override {
+    metrics_.CountPartitionActivation(false, fm_status);
+    Event(kube::EventType::kWarning, "PartitionActivationFailed", "Allocating",
+          absl::StrCat("GPUs [", absl::StrJoin(gpus, ","), "]: ", message));
+  }
+  void OnFabricWarning(const std::string& reason, const std::string& message) override {
+    Event(kube::EventType::kWarning, reason, "Allocating", message);
+  }
+  void OnFabricStateChanged() override { wakeup_.Notify(); }
 
  private:
   bool Live() const {
@@ -476,6 +502,17 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
     metrics_.SetValidation(host_checks_);
     return {.ready = false, .check_id = "devices.bound", .reason = "DeviceNotBound",
             .message = absl::StrCat("devices.bound: not on a vfio driver: ", absl::StrJoin(unbound, "; "))};
+  }
+  if (const std::optional<fabric::FabricStatus> fabric = agent_->Fabric()) {
+    metrics_.SetFabric(*fabric);
+    // Every GPU of the board waits on FM: one reason for all of them, FM's own.
+    if ((!fabric->connected || !fabric->error.empty()) && !options_.serve.fabric.fail_open) {
+      metrics_.SetValidation(host_checks_);
+      return {.ready = false, .check_id = "fabric.reachable", .reason = "FabricManagerNotReady",
+              .message = absl::StrCat("fabric.reachable: Fabric Manager at ", options_.serve.fabric.address,
+                                      " does not vouch for the GPUs (they are advertised Unhealthy): ",
+                                      fabric->error)};
+    }
   }
   const plugin::DeviceSnapshot served = agent_->Snapshot();
   std::vector<std::string> missing, unhealthy;

@@ -77,6 +77,20 @@ Metrics::Metrics()
                               .Help("Writes the API server has not accepted yet, in flight included (the node "
                                     "condition, distinct events)")
                               .Register(*registry_)
+                              .Add({})),
+      fabric_(BuildGauge()
+                  .Name("vfio_gpu_agent_fabric")
+                  .Help("Shared-NVSwitch mode: connected (1 while Fabric Manager answers), partitions_supported, "
+                        "partitions_active, reconnects")
+                  .Register(*registry_)),
+      partition_activations_(BuildCounter()
+                                 .Name("vfio_gpu_agent_fabric_partition_activations_total")
+                                 .Help("Partition activations for an Allocate, by result and FM status")
+                                 .Register(*registry_)),
+      partition_releases_(BuildCounter()
+                              .Name("vfio_gpu_agent_fabric_partition_releases_total")
+                              .Help("Partitions deactivated (no pod held them, or an overlapping one was wanted)")
+                              .Register(*registry_)
                               .Add({})) {}
 
 Metrics::~Metrics() = default;
@@ -158,5 +172,21 @@ void Metrics::OnAllocate(const std::string& resource_name, bool ok, std::chrono:
 }
 
 void Metrics::OnKubeletRestart() { kubelet_restarts_.Increment(); }
+
+void Metrics::SetFabric(const fabric::FabricStatus& status) {
+  int active = 0;
+  for (const fabric::Partition& partition : status.table.partitions()) active += partition.active ? 1 : 0;
+  fabric_.Add({{"value", "connected"}}).Set(status.connected && status.error.empty() ? 1 : 0);
+  fabric_.Add({{"value", "partitions_supported"}}).Set(static_cast<double>(status.table.partitions().size()));
+  fabric_.Add({{"value", "partitions_active"}}).Set(active);
+  fabric_.Add({{"value", "reconnects"}}).Set(status.reconnects);
+}
+
+void Metrics::CountPartitionActivation(bool ok, const std::string& fm_status) {
+  partition_activations_.Add({{"result", ok ? "ok" : "failed"}, {"fm_status", ok ? "FM_ST_SUCCESS" : fm_status}})
+      .Increment();
+}
+
+void Metrics::CountPartitionRelease() { partition_releases_.Increment(); }
 
 }  // namespace vfio_agent::daemon::internal

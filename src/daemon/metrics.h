@@ -15,6 +15,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/validation/check.h"
@@ -38,6 +39,10 @@ class Metrics final : public plugin::AgentObserver {
   void SetReady(bool ready, const std::string& check_id);
   void SetValidation(const std::vector<validation::Check>& checks);
   void SetApiStats(const kube::ReporterStats& stats);
+  // Shared-NVSwitch mode: FM connection, active partitions, and FM's answers.
+  void SetFabric(const fabric::FabricStatus& status);
+  void CountPartitionActivation(bool ok, const std::string& fm_status);
+  void CountPartitionRelease();
 
   // plugin::AgentObserver
   void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) override;
@@ -60,6 +65,9 @@ class Metrics final : public plugin::AgentObserver {
   prometheus::Family<prometheus::Gauge>& validation_;
   prometheus::Family<prometheus::Gauge>& api_;
   prometheus::Gauge& api_pending_writes_;
+  prometheus::Family<prometheus::Gauge>& fabric_;
+  prometheus::Family<prometheus::Counter>& partition_activations_;
+  prometheus::Counter& partition_releases_;
 
   std::mutex mu_;  // the label sets below are replaced as a whole
   std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_;

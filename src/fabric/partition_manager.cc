@@ -105,6 +105,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::strin
   absl::Status result;
   {
     std::lock_guard lock(mu_);
+    const uint64_t generation = status_.generation;
     if (held) last_held_ = *held;
     result = client_ ? absl::OkStatus() : ConnectLocked(held);
     if (result.ok()) result = ReadLocked();
@@ -146,6 +147,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::strin
     } else {
       SetErrorLocked("");
     }
+    if (status_.generation != generation) notes.push_back([this] { observer_->OnFabricStateChanged(); });
   }
   if (observer_ != nullptr) {
     for (auto& note : notes) note();

@@ -15,6 +15,7 @@ const char* LayerName(Layer layer) {
     case Layer::kKubelet: return "kubelet";
     case Layer::kKubevirt: return "kubevirt";
     case Layer::kApi: return "api";
+    case Layer::kFabric: return "fabric";
   }
   return "platform";
 }

@@ -18,8 +18,8 @@ namespace {
 
 namespace rpt = report::v1;
 
-constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin,
-                                Layer::kKubelet,  Layer::kKubevirt, Layer::kApi};
+constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet,
+                                Layer::kKubevirt, Layer::kApi,     Layer::kFabric};
 
 rpt::Layer ToReport(Layer layer) {
   switch (layer) {
@@ -29,6 +29,7 @@ rpt::Layer ToReport(Layer layer) {
     case Layer::kKubelet: return rpt::KUBELET;
     case Layer::kKubevirt: return rpt::KUBEVIRT;
     case Layer::kApi: return rpt::API;
+    case Layer::kFabric: return rpt::FABRIC;
   }
   return rpt::LAYER_UNSPECIFIED;
 }
@@ -62,7 +63,7 @@ absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
     auto it = std::find_if(std::begin(kAllLayers), std::end(kAllLayers), [&](Layer l) { return name == LayerName(l); });
     if (it == std::end(kAllLayers)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown layer \"", name,
-                                                     "\" (want platform, devices, plugin, kubelet, kubevirt, api or all)"));
+                                                     "\" (want platform, devices, plugin, kubelet, kubevirt, api, fabric or all)"));
     }
     layers.insert(*it);
   }
@@ -143,6 +144,7 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
                                            : KubevirtChecks(node, options.kubevirt_cr, names);
   });
   run(Layer::kApi, [&] { return ApiChecks(options.admission_policy); });
+  run(Layer::kFabric, [&] { return FabricChecks(node, options.fabric); });
 
   rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
   if (options.status_dir) {

@@ -87,7 +87,8 @@ TEST(HostStatusFilesTest, ParseLayersAcceptsNamesAndAll) {
   auto layers = ParseLayers("platform, devices");
   ASSERT_TRUE(layers.ok());
   EXPECT_THAT(*layers, ElementsAre(Layer::kPlatform, Layer::kDevices));
-  EXPECT_EQ(ParseLayers("all")->size(), 6u);
+  EXPECT_EQ(ParseLayers("all")->size(), 7u);
+  EXPECT_TRUE(ParseLayers("fabric")->contains(Layer::kFabric));
   EXPECT_TRUE(ParseLayers("api")->contains(Layer::kApi));
   EXPECT_FALSE(ParseLayers("platform,firmware").ok());
   EXPECT_FALSE(ParseLayers("").ok());

@@ -41,6 +41,8 @@ class FabricObserver {
   virtual void OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
                                   const std::string& message) = 0;
   virtual void OnFabricWarning(const std::string& reason, const std::string& message) = 0;
+  // What Unusable() answers may have changed (FM came, went, or changed its partitions).
+  virtual void OnFabricStateChanged() {}
 };
 
 struct FabricStatus {

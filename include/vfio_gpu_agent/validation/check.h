@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/fabric/partitions.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
@@ -21,8 +23,8 @@ namespace vfio_agent::validation {
 
 // In chain order; the human report groups by layer in this order. kApi comes last: it is not a link of the
 // chain but what bounds the agent's own account at the API server (issue 24).
-enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt, kApi };
-const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt", "api"
+enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt, kApi, kFabric };
+const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt", "api", "fabric"
 
 enum class Result { kPass, kWarn, kFail, kSkip };
 const char* ResultName(Result result);  // "pass", "warn", "fail", "skip"
@@ -117,5 +119,13 @@ struct AdmissionPolicyRead {
 // nullopt: no cluster to ask (skipped, saying so). Never fails: without the policy (or on a cluster that cannot
 // have one) the agent still works, with less holding it; that is a warning naming what is lost.
 std::vector<Check> ApiChecks(const std::optional<AdmissionPolicyRead>& read);
+
+// Layer 7, shared-NVSwitch mode: what `validate --fabric-manager` read from Fabric Manager.
+struct FabricRead {
+  std::string address;
+  absl::StatusOr<fabric::PartitionTable> table = absl::UnknownError("not read");
+};
+// nullopt: no --fabric-manager, skipped (saying which mode the node is then in).
+std::vector<Check> FabricChecks(const NodeView& node, const std::optional<FabricRead>& read);
 
 }  // namespace vfio_agent::validation

@@ -24,12 +24,13 @@ struct ValidateOptions {
   std::string resource_domain = "nvidia.com";
   std::vector<names::NameOverride> name_overrides;
   const names::PciIdsDatabase* pci_ids = nullptr;  // may be null: pinned names and hex ids still work
-  std::set<Layer> layers = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin,
-                            Layer::kKubelet,  Layer::kKubevirt, Layer::kApi};
+  std::set<Layer> layers = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet,
+                            Layer::kKubevirt, Layer::kApi,     Layer::kFabric};
   std::optional<std::filesystem::path> status_dir;  // write the status files there (needs both host layers)
   std::optional<std::string> kubevirt_cr;            // text of a KubeVirt CR
   std::optional<KubevirtCrUnavailable> kubevirt_cr_unavailable;  // the API gave no CR (wins over kubevirt_cr)
   std::optional<AdmissionPolicyRead> admission_policy;  // the api layer's reads; nullopt: no cluster
+  std::optional<FabricRead> fabric;  // the fabric layer's read; nullopt: no --fabric-manager
   std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
 };
 
