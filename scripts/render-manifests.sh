@@ -89,6 +89,12 @@ tree "$out/overlays/hgx" "values-hgx.yaml" -f "$chart/values-hgx.yaml"
 kustomization "$out/overlays/hgx/kustomization.yaml" \
   "# HGX full passthrough (GPUs and NVSwitches), in its own namespace: kubectl apply -k daemonset/overlays/hgx" \
   namespace.yaml "${AGENT_FILES[@]}"
+render "$out/overlays/hgx-shared/namespace.yaml" "values-hgx-shared.yaml" -f "$chart/values-hgx-shared.yaml" \
+  --show-only templates/namespace.yaml
+tree "$out/overlays/hgx-shared" "values-hgx-shared.yaml" -f "$chart/values-hgx-shared.yaml"
+kustomization "$out/overlays/hgx-shared/kustomization.yaml" \
+  "# HGX shared-NVSwitch mode (Fabric Manager on the node), in its own namespace: kubectl apply -k daemonset/overlays/hgx-shared" \
+  namespace.yaml "${AGENT_FILES[@]}"
 
 if [ "$mode" = check ]; then
   stale=0

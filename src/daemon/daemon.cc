@@ -110,12 +110,14 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   // fabric::FabricObserver: one event per partition change, on the node the VM runs on.
   void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override {
     metrics_.CountPartitionActivation(true, "");
+    if (auto fabric = agent_->Fabric()) metrics_.SetFabric(*fabric);
     Event(kube::EventType::kNormal, "PartitionActivated", "Allocating",
           absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " active for the GPUs [",
                        absl::StrJoin(for_gpus, ","), "]"));
   }
   void OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) override {
     metrics_.CountPartitionRelease();
+    if (auto fabric = agent_->Fabric()) metrics_.SetFabric(*fabric);
     Event(kube::EventType::kNormal, "PartitionReleased", "Releasing",
           absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " deactivated: ", why));
   }

@@ -53,33 +53,35 @@ bool PartitionManager::HeldLocked(const Partition& partition, const std::optiona
                      [&](const std::string& gpu) { return holders.contains(gpu); });
 }
 
-absl::Status PartitionManager::ConnectLocked(const std::optional<std::set<std::string>>& held) {
+absl::Status PartitionManager::ConnectLocked() {
   absl::StatusOr<std::unique_ptr<FmClient>> client = connect_();
   if (!client.ok()) return client.status();
   client_ = *std::move(client);
   status_.connected = true;
   if (ever_connected_) {
-    // FM may have restarted and forgotten what it had activated; tell it what still serves a pod.
-    std::vector<uint32_t> active;
-    const auto now = clock_();
-    for (const Partition& partition : status_.table.partitions()) {
-      auto activated = activated_at_.find(partition.id);
-      const bool young = activated != activated_at_.end() && now - activated->second < options_.activation_grace;
-      if (partition.active && (young || HeldLocked(partition, held))) active.push_back(partition.id);
-    }
+    // FM may have restarted and forgotten what it had activated: it is told what still serves a pod.
     ++status_.reconnects;
-    if (absl::Status told = client_->SetActivated(active); !told.ok()) {
-      spdlog::warn("fabric: reconnected to {}, but telling it the {} active partitions failed: {}", options_.address,
-                   active.size(), told.ToString());
-      if (ConnectionLost(told) || told.code() == absl::StatusCode::kUnavailable) return told;
-    } else {
-      spdlog::info("fabric: reconnected to {}; told it the active partitions: [{}]", options_.address,
-                   absl::StrJoin(active, ","));
-    }
+    // Until FM has heard it (it may still be initialising), every pass tells it again.
+    must_tell_ = true;
   } else {
     spdlog::info("fabric: connected to Fabric Manager at {}", options_.address);
   }
   ever_connected_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status PartitionManager::TellActivatedLocked(const std::optional<std::set<std::string>>& held) {
+  std::vector<uint32_t> active;
+  const auto now = clock_();
+  for (const Partition& partition : status_.table.partitions()) {
+    auto activated = activated_at_.find(partition.id);
+    const bool young = activated != activated_at_.end() && now - activated->second < options_.activation_grace;
+    if (partition.active && (young || HeldLocked(partition, held))) active.push_back(partition.id);
+  }
+  if (absl::Status told = client_->SetActivated(active); !told.ok()) return told;
+  must_tell_ = false;
+  spdlog::info("fabric: reconnected to {}; told it the active partitions: [{}]", options_.address,
+               absl::StrJoin(active, ","));
   return absl::OkStatus();
 }
 
@@ -107,13 +109,17 @@ absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::strin
     std::lock_guard lock(mu_);
     const uint64_t generation = status_.generation;
     if (held) last_held_ = *held;
-    result = client_ ? absl::OkStatus() : ConnectLocked(held);
-    if (result.ok()) result = ReadLocked();
+    auto connect_and_read = [&] {
+      absl::Status status = client_ ? absl::OkStatus() : ConnectLocked();
+      if (status.ok() && must_tell_) status = TellActivatedLocked(held);
+      if (status.ok()) status = ReadLocked();
+      return status;
+    };
+    result = connect_and_read();
     if (!result.ok() && client_ && ConnectionLost(result)) {
       // FM restarted under a working connection: reconnect now, so that FM hears what is active at once.
       DropLocked(result);
-      result = ConnectLocked(held);
-      if (result.ok()) result = ReadLocked();
+      result = connect_and_read();
     }
     if (result.ok() && held) {
       const auto now = clock_();
@@ -136,7 +142,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::strin
       if (result.ok()) result = ReadLocked();
     }
     if (!result.ok()) {
-      if (client_ && (ConnectionLost(result) || result.code() == absl::StatusCode::kUnavailable)) {
+      if (client_ && ConnectionLost(result)) {
         DropLocked(result);
       } else {
         if (status_.error != result.message()) {

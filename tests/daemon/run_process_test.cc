@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kube_api_sim.h"
+#include "fabric_fixture.h"
 #include "run_harness.h"
 #include "support/ports.h"
 
@@ -327,6 +328,31 @@ TEST_F(RunProcessTest, RegistrationPastTheGraceIsPublishedAsAFailure) {
   ASSERT_TRUE(node_->kubelet().Start().ok());
   EXPECT_TRUE(run_->WaitReady());
   EXPECT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+}
+
+// Shared-NVSwitch mode in the DaemonSet's process: Fabric Manager still initialising keeps the node not ready
+// (condition FabricManagerNotReady once the grace is over), then the partition of an admitted VM shows up as an
+// event and in the metrics, and is released when the pod ends.
+TEST_F(RunProcessTest, SharedNvSwitchModeWaitsForFabricManagerAndReportsPartitions) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  const std::filesystem::path fm = vfio_agent::testing::MakeFakeFm(node_->kubelet_dir().parent_path() / "fm");
+  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.mode = "not-configured"; });
+  StartRun({"--kubeconfig", StartApi(), "--node-name", "node-a", "--registration-grace", "300", "--fabric-manager",
+            "unix:" + fm.string(), "--fabric-library", FAKE_NVFM_LIBRARY, "--fabric-interval", "50"});
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("False", "FabricManagerNotReady"); }));
+  EXPECT_THAT(ReadyCondition().value("message", ""), HasSubstr("FM_ST_NOT_CONFIGURED"));
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 0));
+  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.mode = "shared"; });
+  ASSERT_TRUE(run_->WaitReady());
+  EXPECT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
+  auto pod = node_->kubelet().Admit({.name = "vm", .limits = {{kH200, 2}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  EXPECT_TRUE(WaitUntil([&] { return !EventsWith("PartitionActivated", pod->devices[kH200].front()).empty(); }));
+  EXPECT_TRUE(run_->WaitMetric("vfio_gpu_agent_fabric{value=\"partitions_active\"} 1"));
+  node_->kubelet().Release("vm");
+  EXPECT_TRUE(WaitUntil([&] { return !EventsWith("PartitionReleased", "no pod holds its GPUs").empty(); }));
+  EXPECT_TRUE(WaitUntil([&] { return vfio_agent::testing::SnapshotFakeFm(fm).active.empty(); }));
 }
 
 TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {

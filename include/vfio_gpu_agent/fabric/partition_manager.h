@@ -83,7 +83,9 @@ class PartitionManager {
   FabricStatus Status() const;
 
  private:
-  absl::Status ConnectLocked(const std::optional<std::set<std::string>>& held);
+  absl::Status ConnectLocked();
+  // fmSetActivatedFabricPartitions with the partitions that still serve a pod (held, or activated moments ago).
+  absl::Status TellActivatedLocked(const std::optional<std::set<std::string>>& held);
   absl::Status ReadLocked();
   void DropLocked(const absl::Status& why);
   // By value: a read of FM's list replaces the table the caller found it in.
@@ -100,6 +102,7 @@ class PartitionManager {
   mutable std::mutex mu_;
   std::unique_ptr<FmClient> client_;
   bool ever_connected_ = false;
+  bool must_tell_ = false;  // reconnected: FM has not yet been told which partitions are active
   bool read_once_ = false;
   FabricStatus status_;
   std::set<std::string> last_held_;  // as of the last pod-resources answer
