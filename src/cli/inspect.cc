@@ -65,16 +65,9 @@ absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& optio
   if (!chooser.ok()) return chooser.status();
   binding::Plan plan = binding::MakePlan(*inventory, selection, *chooser);
 
-  // First over the GPUs, exactly as `serve` resolves them (so both print the same names); NVSwitches, never
-  // advertised, are fitted around those names afterwards.
+  // Over the GPUs and NVSwitches exactly as `serve` resolves them, so both print the same names.
   names::NameResolver resolver(db, options.resource_domain, options.name_overrides);
-  auto resolved = resolver.Resolve(plugin::AdvertisableIds(*inventory, selection));
-  std::vector<std::pair<uint16_t, uint16_t>> switches;
-  for (const auto& bdf : selection.gpus) {
-    const pci::Function* fn = inventory->Find(bdf);
-    if (selection.RoleOf(bdf) == pci::Role::kNvSwitch) switches.emplace_back(fn->vendor_id, fn->device_id);
-  }
-  resolved.merge(resolver.Resolve(switches));
+  const auto resolved = resolver.Resolve(plugin::AdvertisableIds(*inventory, selection));
 
   rpt::InspectReport report;
   report.set_schema(kInspectSchema);

@@ -6,6 +6,7 @@
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/validation/kubevirt_config.h"
 
 namespace vfio_agent::cli {
@@ -50,17 +51,13 @@ absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromFlags(const Fl
   return ids;
 }
 
-// The selected GPUs' ids, read-only, exactly as `serve` selects them.
+// The ids `serve` advertises (the selected GPUs, and the NVSwitches with --nvswitches), read-only, so that the
+// names are resolved over the same ids as there.
 absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const CommonOptions& common) {
   auto inventory = pci::Scan(common.paths.sysfs_root,
                              {.detail_vendor = common.policy.vendor_id, .driver_override = false});
   if (!inventory.ok()) return inventory.status();
-  const pci::Selection selection = pci::Select(*inventory, common.policy);
-  std::vector<std::pair<uint16_t, uint16_t>> ids;
-  for (const std::string& bdf : selection.gpus) {
-    if (const pci::Function* fn = inventory->Find(bdf)) ids.emplace_back(fn->vendor_id, fn->device_id);
-  }
-  return ids;
+  return plugin::AdvertisableIds(*inventory, pci::Select(*inventory, common.policy));
 }
 
 }  // namespace
@@ -69,9 +66,10 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
   if (auto exit = ParseCommand(
           "kubevirt-config",
-          "Prints the permittedHostDevices.pciHostDevices entries KubeVirt needs for this node's GPUs (or for\n"
-          "--ids): as Cozystack platform values, marking what Cozystack's default table already has, or as a\n"
-          "merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there is no GPU to describe.",
+          "Prints the permittedHostDevices.pciHostDevices entries KubeVirt needs for this node's GPUs, and its\n"
+          "NVSwitches with --nvswitches (or for --ids): as Cozystack platform values, marking what Cozystack's\n"
+          "default table already has, or as a merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there\n"
+          "is no GPU to describe.",
           KubevirtConfigFlagSpecs(), args, out, &cmd)) {
     return *exit;
   }

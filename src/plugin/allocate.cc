@@ -1,6 +1,7 @@
 #include "vfio_gpu_agent/plugin/allocate.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/status/status.h"
@@ -16,6 +17,34 @@ constexpr char kPermissions[] = "mrw";
 
 void AddNode(ContainerAllocation& out, std::set<std::string>& seen, const std::string& path) {
   if (seen.insert(path).second) out.devices.push_back({path, path, kPermissions});
+}
+
+// A VM given part of an NVSwitch group would open /dev/vfio/<group> (so no other VM can have the rest) and its
+// Fabric Manager would still miss switches: NVLink never comes up. Such a request is refused, naming what it lacks.
+absl::Status CheckWholeGroups(const ResourceDevices& resource, const std::set<std::string>& requested) {
+  struct Shortfall {
+    std::set<std::string> asked, missing;
+  };
+  std::map<int, Shortfall> by_group;  // group_peers is non-empty only for a device with a group
+  for (const std::string& id : requested) {
+    const PluginDevice& device = *resource.Find(id);
+    for (const std::string& peer : device.group_peers) {
+      if (requested.contains(peer)) continue;
+      Shortfall& shortfall = by_group[*device.iommu_group];
+      shortfall.asked.insert(id);
+      shortfall.missing.insert(peer);
+    }
+  }
+  if (by_group.empty()) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (const auto& [group, shortfall] : by_group) {
+    parts.push_back(absl::StrCat("IOMMU group ", group, " (/dev/vfio/", group, "): ",
+                                 absl::StrJoin(shortfall.asked, ", "), " requested without ",
+                                 absl::StrJoin(shortfall.missing, ", ")));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("incomplete NVSwitch group for ", resource.resource_name, ": ", absl::StrJoin(parts, "; "),
+                   "; a VM takes every NVSwitch of a group or none (its Fabric Manager needs all of them)"));
 }
 
 }  // namespace
@@ -49,6 +78,7 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
     return absl::FailedPreconditionError(
         absl::StrCat("unhealthy devices for ", resource.resource_name, ": ", absl::StrJoin(unhealthy, ", ")));
   }
+  if (absl::Status whole = CheckWholeGroups(resource, requested); !whole.ok()) return whole;
 
   ContainerAllocation out;
   if (requested.empty()) return out;

@@ -12,6 +12,9 @@
 namespace vfio_agent::plugin {
 namespace {
 
+// NVSwitches (selected only with --nvswitches) are a resource of their own, for VMs that take the whole board.
+bool IsAdvertisedRole(pci::Role role) { return role == pci::Role::kGpu || role == pci::Role::kNvSwitch; }
+
 // Why a device cannot be handed to a VM right now; "" when it can.
 std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, const pci::GroupAssessment* group,
                             bool iommufd) {
@@ -68,7 +71,7 @@ std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory&
                                                            const pci::Selection& selection) {
   std::vector<std::pair<uint16_t, uint16_t>> ids;
   for (const std::string& bdf : selection.gpus) {
-    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
+    if (!IsAdvertisedRole(selection.RoleOf(bdf))) continue;
     if (const pci::Function* fn = inventory.Find(bdf)) ids.emplace_back(fn->vendor_id, fn->device_id);
   }
   return ids;
@@ -82,7 +85,7 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
 
   std::vector<const pci::Function*> advertised;
   for (const std::string& bdf : selection.gpus) {
-    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
+    if (!IsAdvertisedRole(selection.RoleOf(bdf))) continue;
     const pci::Function* fn = inventory.Find(bdf);
     if (fn == nullptr) continue;
     if (!pci::IsVfioDriver(fn->driver) && !remembered.contains(bdf)) continue;
@@ -107,10 +110,14 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
     device.healthy = device.unhealthy_reason.empty();
     device.numa_node = fn->numa_node;
     device.iommu_group = fn->iommu_group;
+    const bool nvswitch = selection.RoleOf(fn->bdf) == pci::Role::kNvSwitch;
     if (group != nullptr) {
       for (const pci::Member& member : group->members) {
-        if (member.role == pci::Role::kGpu || member.role == pci::Role::kCompanion) {
+        if (IsAdvertisedRole(member.role) || member.role == pci::Role::kCompanion) {
           device.group_functions.push_back(member.bdf);
+        }
+        if (nvswitch && member.role == pci::Role::kNvSwitch && member.bdf != fn->bdf) {
+          device.group_peers.push_back(member.bdf);
         }
       }
     }

@@ -294,16 +294,57 @@ std::string FindFabricManager(const std::filesystem::path& proc_root) {
   return "";
 }
 
+std::string OnDriver(const pci::Function& fn) {
+  return absl::StrCat(fn.bdf, " on ", fn.driver.empty() ? "(no driver)" : fn.driver);
+}
+
+// With --nvswitches the switches are selected: the node is in full passthrough (FABRIC_MODE=0), one VM gets the
+// whole board and runs Fabric Manager itself.
+bool FullPassthrough(const NodeView& node) {
+  return std::any_of(node.selection->gpus.begin(), node.selection->gpus.end(),
+                     [&](const std::string& bdf) { return node.selection->RoleOf(bdf) == pci::Role::kNvSwitch; });
+}
+
+// Full passthrough: the guest's Fabric Manager brings NVLink up only with every GPU and every switch of the board,
+// so one function left on a host driver breaks the mode for the whole board, not only for itself.
+Check BoardOnVfio(const NodeView& node, CheckBuilder& check, const std::vector<std::string>& switches,
+                  const std::vector<std::string>& switches_off) {
+  std::vector<std::string> gpus, gpus_off;
+  for (const std::string& bdf : node.selection->gpus) {
+    if (node.selection->RoleOf(bdf) != pci::Role::kGpu) continue;
+    const pci::Function* fn = node.inventory->Find(bdf);
+    if (fn == nullptr) continue;  // device.driver reports it unreadable
+    gpus.push_back(OnDriver(*fn));
+    if (!pci::IsVfioDriver(fn->driver)) gpus_off.push_back(OnDriver(*fn));
+  }
+  check.Saw("selected GPUs", gpus.empty() ? "(none)" : absl::StrJoin(gpus, ", "));
+  if (gpus_off.empty() && switches_off.empty()) {
+    return check.Pass(absl::StrCat("full passthrough: ", gpus.size(), " GPUs and ", switches.size(),
+                                   " NVSwitches on vfio, for one VM that runs Fabric Manager itself"));
+  }
+  std::vector<std::string> off = gpus_off;
+  off.insert(off.end(), switches_off.begin(), switches_off.end());
+  return check.Fail(
+      absl::StrCat("full passthrough (--nvswitches) needs the whole board on vfio, but ", gpus_off.size(), " of ",
+                   gpus.size(), " GPUs and ", switches_off.size(), " of ", switches.size(),
+                   " NVSwitches are not (", absl::StrJoin(off, ", "),
+                   "): the guest's Fabric Manager cannot bring NVLink up (cuInit error 802)"),
+      "vfio-gpu-agent bind --nvswitches (first stop what holds them on the host: nv-fabricmanager, "
+      "nvidia-persistenced, DCGM; device.driver names the holders of each), then give one VM every GPU and "
+      "NVSwitch");
+}
+
 Check NvSwitchPassthrough(const NodeView& node) {
   CheckBuilder check("nvswitch.passthrough", kLayer, "node");
   std::vector<std::string> switches, not_passed;
   for (const pci::Function& fn : node.inventory->functions()) {
     if (!IsNvSwitch(fn)) continue;
-    switches.push_back(absl::StrCat(fn.bdf, " on ", fn.driver.empty() ? "(no driver)" : fn.driver));
-    if (!pci::IsVfioDriver(fn.driver)) not_passed.push_back(fn.bdf);
+    switches.push_back(OnDriver(fn));
+    if (!pci::IsVfioDriver(fn.driver)) not_passed.push_back(OnDriver(fn));
   }
   check.Saw("NVSwitch functions (10de, class 0680)", switches.empty() ? "(none)" : absl::StrJoin(switches, ", "));
   if (switches.empty()) return check.Pass("no NVSwitch on this node");
+  if (FullPassthrough(node)) return BoardOnVfio(node, check, switches, not_passed);
   if (not_passed.empty()) {
     return check.Pass(absl::StrCat(switches.size(), " NVSwitches on vfio: full passthrough of GPUs and switches"));
   }
@@ -317,6 +358,21 @@ Check NvSwitchPassthrough(const NodeView& node) {
       "Either pass the switches through with the GPUs (vfio-gpu-agent bind --nvswitches, and give one VM all GPUs "
       "and switches), or run Fabric Manager (nv-fabricmanager) on the host, shared-NVSwitch mode, and activate a "
       "partition before the VM starts");
+}
+
+// Full passthrough only. A Fabric Manager on the node holds the switches (/dev/nvidia-nvswitch*), so they cannot
+// move to vfio-pci, and with them on vfio-pci it has nothing to manage: only the guest's may run.
+Check FabricManagerOffNode(const NodeView& node) {
+  CheckBuilder check("nvswitch.fabric_manager", kLayer, "node");
+  const std::string fm = FindFabricManager(node.paths.proc_root);
+  check.Saw((node.paths.proc_root / "*/comm").string(), fm.empty() ? "no nv-fabricmanager" : "nv-fabricmanager pid " + fm);
+  if (fm.empty()) return check.Pass("no Fabric Manager on the node: it runs in the guest that gets the board");
+  return check.Fail(
+      absl::StrCat("Fabric Manager (nv-fabricmanager, pid ", fm,
+                   ") runs on the node, but with --nvswitches the NVSwitches go to a VM whose own Fabric Manager "
+                   "manages them"),
+      "Stop and disable Fabric Manager on the node (systemctl disable --now nvidia-fabricmanager); for the "
+      "shared-NVSwitch model, where it stays on the node, run the agent without --nvswitches instead");
 }
 
 int PhysicalAddressBits(const std::filesystem::path& cpuinfo) {
@@ -394,6 +450,7 @@ std::vector<Check> DeviceChecks(const NodeView& node) {
   }
   for (Check& check : StrandedOverrides(node)) checks.push_back(std::move(check));
   checks.push_back(NvSwitchPassthrough(node));
+  if (FullPassthrough(node)) checks.push_back(FabricManagerOffNode(node));
   checks.push_back(MmioWindow(node));
   return checks;
 }

@@ -107,9 +107,37 @@ TEST_F(InspectTest, NvSwitchesOnlyWithTheSwitch) {
     ++switches;
     EXPECT_EQ(fn.device_id(), "22a3");
     EXPECT_FALSE(fn.resource_name().empty());
+    EXPECT_EQ(fn.iommu_group(), 40) << "the board's four switches share one group";
   }
   EXPECT_EQ(switches, 4);
   EXPECT_EQ(report.functions_size(), 12);
+}
+
+// The switches' resource name is the one `serve` registers: from pci.ids, by the GPUs' rule.
+TEST_F(InspectTest, NvSwitchNameIsTheOneServeRegisters) {
+  StartNode("hgx-h200-8gpu.json");
+  options_.policy.include_nvswitches = true;
+  std::ofstream(tmp_.path() / "pci.ids") << "10de  NVIDIA Corporation\n\t22a3  GH100 [H100 NVSwitch]\n";
+  auto db = names::LoadPciIds(tmp_.path() / "pci.ids");
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto report = BuildInspectReport(options_, db->get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::set<std::string> inspected;
+  for (const auto& fn : report->functions()) {
+    if (fn.role() == rpt::NVSWITCH) inspected.insert(fn.resource_name());
+  }
+  EXPECT_EQ(inspected, std::set<std::string>{"nvidia.com/GH100_H100_NVSWITCH"});
+
+  for (const char* bdf : {"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}) {
+    ASSERT_TRUE(sim_->Control(absl::StrCat("set-driver ", bdf, " vfio-pci")).ok());
+  }
+  auto inventory = pci::Scan(options_.paths.sysfs_root);
+  ASSERT_TRUE(inventory.ok()) << inventory.status();
+  const names::NameResolver served_names(db->get(), "nvidia.com", {});
+  const plugin::DeviceSnapshot served = plugin::BuildSnapshot(
+      options_.paths, *inventory, pci::Select(*inventory, options_.policy), served_names, {});
+  ASSERT_TRUE(served.resources.contains("nvidia.com/GH100_H100_NVSWITCH"));
+  EXPECT_EQ(served.resources.at("nvidia.com/GH100_H100_NVSWITCH").devices.size(), 4u);
 }
 
 TEST_F(InspectTest, MixedNodeShowsTwoResourcesAlreadyBound) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -323,7 +324,7 @@ TEST_F(PluginIntegrationTest, RejectsUnknownAndMalformedIds) {
   v1beta1::AllocateRequest request;
   auto* container = request.add_container_requests();
   container->add_devices_ids("0000:18:00.0");
-  container->add_devices_ids("0000:05:00.0");  // an NVSwitch: never a resource
+  container->add_devices_ids("0000:05:00.0");  // an NVSwitch: not a device of the GPUs' resource
   container->add_devices_ids("GPU-1234");
   v1beta1::AllocateResponse response;
   grpc::ClientContext context;
@@ -359,6 +360,46 @@ TEST_F(PluginIntegrationTest, PreferredAllocationHonoursMustIncludeAndNuma) {
   const auto topology = State(node_->kubelet(), kH200).topology;
   for (const std::string& id : pod->devices.at(kH200)) nodes.insert(topology.at(id).at(0));
   EXPECT_EQ(nodes.size(), 1u);
+}
+
+// Full passthrough (--nvswitches): the board's four switches, one IOMMU group, are a resource of their own, and a
+// VM pod gets all of them or none.
+TEST_F(PluginIntegrationTest, NvSwitchesAreAdvertisedAndAllocatedAsOneGroup) {
+  constexpr char kNvSwitch[] = "nvidia.com/GH100_H100_NVSWITCH";
+  const std::vector<std::string> switches = {"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"};
+  std::vector<std::string> board = kH200Gpus;
+  board.insert(board.end(), switches.begin(), switches.end());
+  Boot("hgx-h200-8gpu.json", board);
+  vfio_agent::testing::TempDir dir;
+  std::ofstream(dir.path() / "pci.ids") << "10de  NVIDIA Corporation\n\t22a3  GH100 [H100 NVSwitch]\n";
+  auto db = names::LoadPciIds(dir.path() / "pci.ids");
+  ASSERT_TRUE(db.ok()) << db.status();
+  node_->options.pci_ids = db->get();
+  node_->options.policy.include_nvswitches = true;
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(node_->WaitForCounts(kNvSwitch, 4, 4));
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(State(node_->kubelet(), kNvSwitch).endpoint,
+            (node_->kubelet_dir() / "kubevirt-GH100_H100_NVSWITCH.sock").string());
+
+  // Part of the group: refused at admission, naming what is missing.
+  auto partial = node_->kubelet().Admit({.name = "vm-half", .limits = {{kNvSwitch, 2}}});
+  ASSERT_FALSE(partial.ok());
+  EXPECT_THAT(partial.status().message(), HasSubstr("IOMMU group 40 (/dev/vfio/40)"));
+  EXPECT_THAT(partial.status().message(), HasSubstr("requested without"));
+
+  // The whole board in one VM: 8 GPUs and the 4 switches.
+  auto pod = node_->kubelet().Admit({.name = "vm-board", .limits = {{kH200, 8}, {kNvSwitch, 4}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  EXPECT_EQ(pod->devices.at(kNvSwitch), switches);
+  EXPECT_EQ(pod->preferred_calls_result.count(kNvSwitch), 0u) << "4 of 4: nothing to prefer";
+  const auto& response = pod->responses.at(kNvSwitch);
+  EXPECT_EQ(response.envs().at("PCI_RESOURCE_NVIDIA_COM_GH100_H100_NVSWITCH"),
+            "0000:05:00.0,0000:06:00.0,0000:07:00.0,0000:08:00.0");
+  std::vector<std::string> nodes;
+  for (const auto& spec : response.devices()) nodes.push_back(spec.host_path());
+  EXPECT_THAT(nodes, ElementsAre("/dev/vfio/vfio", "/dev/vfio/40"));
 }
 
 TEST_F(PluginIntegrationTest, StopDeregistersAndRemovesSockets) {

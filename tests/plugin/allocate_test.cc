@@ -107,6 +107,46 @@ TEST(AllocateTest, CdiNamesOnePerRequestedDevice) {
                                             "nvidia.com/GH100_H200_SXM_141GB=0000:5d:00.0"));
 }
 
+// Two HGX boards' switches, groups 40 and 41; the ids come sorted as in a snapshot.
+ResourceDevices NvSwitches() {
+  ResourceDevices r;
+  r.resource_name = "nvidia.com/GH100_H100_NVSWITCH";
+  r.env_name = "PCI_RESOURCE_NVIDIA_COM_GH100_H100_NVSWITCH";
+  r.devices = fixtures::NvSwitchGroup({"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}, 40);
+  for (PluginDevice& d : fixtures::NvSwitchGroup({"0000:85:00.0", "0000:86:00.0"}, 41)) r.devices.push_back(d);
+  return r;
+}
+
+TEST(AllocateTest, AWholeNvSwitchGroupGoesToOneVm) {
+  absl::StatusOr<ContainerAllocation> got =
+      AllocateContainer(NvSwitches(), {}, {"0000:08:00.0", "0000:06:00.0", "0000:05:00.0", "0000:07:00.0"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->envs.at("PCI_RESOURCE_NVIDIA_COM_GH100_H100_NVSWITCH"),
+            "0000:05:00.0,0000:06:00.0,0000:07:00.0,0000:08:00.0");
+  EXPECT_THAT(got->devices, ElementsAre(Node("/dev/vfio/vfio"), Node("/dev/vfio/40")));
+  // Both boards' switches at once: two whole groups.
+  EXPECT_TRUE(AllocateContainer(NvSwitches(), {},
+                                {"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0", "0000:85:00.0",
+                                 "0000:86:00.0"})
+                  .ok());
+}
+
+TEST(AllocateTest, PartOfAnNvSwitchGroupIsRefusedNamingTheMissingMembers) {
+  absl::StatusOr<ContainerAllocation> got =
+      AllocateContainer(NvSwitches(), {}, {"0000:07:00.0", "0000:05:00.0", "0000:85:00.0", "0000:86:00.0"});
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("nvidia.com/GH100_H100_NVSWITCH: IOMMU group 40 (/dev/vfio/40): 0000:05:00.0, 0000:07:00.0 "
+                        "requested without 0000:06:00.0, 0000:08:00.0"));
+  // The complete group is not blamed.
+  EXPECT_THAT(got.status().message(), ::testing::Not(HasSubstr("group 41")));
+
+  absl::StatusOr<ContainerAllocation> one = AllocateContainer(NvSwitches(), {}, {"0000:86:00.0"});
+  ASSERT_EQ(one.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(one.status().message(), HasSubstr("IOMMU group 41 (/dev/vfio/41): 0000:86:00.0 requested without "
+                                                "0000:85:00.0"));
+}
+
 TEST(ListAndWatchTest, OmitsTopologyWithoutNumaAndKeepsNodeIds) {
   ResourceDevices r = H200();
   r.devices[0].numa_node = std::nullopt;

@@ -1,10 +1,12 @@
 #include "vfio_gpu_agent/plugin/devices.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "support/sysfs_tree.h"
+#include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -178,6 +180,103 @@ TEST_F(SnapshotTest, GpuGoneFromSysfsDisappears) {
   DeviceSnapshot first = Build();
   std::filesystem::remove(tree_.root() / "bus/pci/devices/0000:3b:00.0");
   EXPECT_TRUE(Build(AdvertisedIds(first)).resources.empty());
+}
+
+// --- NVSwitches (--nvswitches): a resource of their own, for VMs given the whole board ---
+
+constexpr char kNvSwitch[] = "nvidia.com/GH100_H100_NVSWITCH";
+const std::vector<std::string> kSwitches = {"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"};
+
+class NvSwitchSnapshotTest : public SnapshotTest {
+ protected:
+  NvSwitchSnapshotTest() {
+    // Debian 12's pci.ids predates 10de:22a3; the name must come from whichever pci.ids the node has.
+    std::ofstream(dir_.path() / "pci.ids") << "10de  NVIDIA Corporation\n\t22a3  GH100 [H100 NVSwitch]\n";
+    auto db = names::LoadPciIds(dir_.path() / "pci.ids");
+    EXPECT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+  }
+
+  // The HGX board of the simulated H200 node: one GPU, and the four switches in one IOMMU group.
+  void AddBoard(const std::string& switch_driver = "vfio-pci") {
+    tree_.AddDevice({.bdf = "0000:18:00.0", .numa_node = 0, .driver = "vfio-pci", .iommu_group = 11});
+    GroupNode(11);
+    for (const std::string& bdf : kSwitches) {
+      tree_.AddDevice({.bdf = bdf, .device = 0x22a3, .class_code = 0x068000, .numa_node = 0,
+                       .driver = switch_driver, .iommu_group = 40});
+    }
+    GroupNode(40);
+  }
+
+  DeviceSnapshot BuildWith(const names::NameResolver& names, bool nvswitches,
+                           const std::set<std::string>& remembered = {}) {
+    absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths_.sysfs_root);
+    EXPECT_TRUE(inventory.ok()) << inventory.status();
+    pci::SelectionPolicy policy;
+    policy.include_nvswitches = nvswitches;
+    return BuildSnapshot(paths_, *inventory, pci::Select(*inventory, policy), names, remembered);
+  }
+
+  std::unique_ptr<names::PciIdsDatabase> db_;
+};
+
+TEST_F(NvSwitchSnapshotTest, SwitchesAreAResourceNamedFromPciIdsOnlyWithTheSwitch) {
+  AddBoard();
+  const names::NameResolver names(db_.get(), "nvidia.com", {});
+  const absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths_.sysfs_root);
+  ASSERT_TRUE(inventory.ok()) << inventory.status();
+  const std::vector<std::pair<uint16_t, uint16_t>> ids =
+      AdvertisableIds(*inventory, pci::Select(*inventory, {.include_nvswitches = true}));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), std::pair<uint16_t, uint16_t>{0x10de, 0x22a3}), 4);
+  EXPECT_EQ(ids.size(), 5u);
+  const DeviceSnapshot s = BuildWith(names, /*nvswitches=*/true);
+  ASSERT_EQ(s.resources.size(), 2u);
+  const ResourceDevices& switches = s.resources.at(kNvSwitch);
+  EXPECT_EQ(switches.env_name, "PCI_RESOURCE_NVIDIA_COM_GH100_H100_NVSWITCH");
+  EXPECT_EQ(SocketName(switches.resource_name), "kubevirt-GH100_H100_NVSWITCH.sock");
+  ASSERT_EQ(switches.devices.size(), 4u);
+  for (const PluginDevice& d : switches.devices) {
+    EXPECT_TRUE(d.healthy) << d.id << ": " << d.unhealthy_reason;
+    EXPECT_EQ(d.iommu_group, 40);
+    EXPECT_THAT(d.group_functions, ::testing::ElementsAreArray(kSwitches));
+  }
+  EXPECT_THAT(switches.devices[0].group_peers, ElementsAre("0000:06:00.0", "0000:07:00.0", "0000:08:00.0"));
+  EXPECT_THAT(switches.devices[2].group_peers, ElementsAre("0000:05:00.0", "0000:06:00.0", "0000:08:00.0"));
+  // The GPUs' resource is what it was without the switches.
+  EXPECT_EQ(s.resources.at(kH200).devices.size(), 1u);
+  EXPECT_THAT(s.resources.at(kH200).devices[0].group_peers, ::testing::IsEmpty());
+
+  const DeviceSnapshot gpus_only = BuildWith(names, /*nvswitches=*/false);
+  EXPECT_EQ(gpus_only.resources.size(), 1u);
+  EXPECT_TRUE(gpus_only.resources.contains(kH200));
+}
+
+TEST_F(NvSwitchSnapshotTest, AnOverrideNamesTheSwitchesAsItNamesAGpu) {
+  AddBoard();
+  const names::NameResolver names(db_.get(), "nvidia.com", {{0x10de, 0x22a3, "HGX_NVSWITCH"}});
+  const DeviceSnapshot s = BuildWith(names, /*nvswitches=*/true);
+  ASSERT_TRUE(s.resources.contains("nvidia.com/HGX_NVSWITCH"));
+  EXPECT_EQ(s.resources.at("nvidia.com/HGX_NVSWITCH").env_name, "PCI_RESOURCE_NVIDIA_COM_HGX_NVSWITCH");
+  EXPECT_FALSE(s.resources.contains(kNvSwitch));
+}
+
+// Health as for a GPU: a switch left on nvidia makes the group not viable, so its vfio-bound fellows are
+// advertised Unhealthy; it is advertised itself only once it has been seen on vfio.
+TEST_F(NvSwitchSnapshotTest, ASwitchOffVfioMakesTheGroupUnhealthy) {
+  AddBoard();
+  const names::NameResolver names(db_.get(), "nvidia.com", {});
+  const DeviceSnapshot before = BuildWith(names, /*nvswitches=*/true);
+  tree_.BindDriver("0000:07:00.0", "nvidia");
+  const DeviceSnapshot fresh = BuildWith(names, /*nvswitches=*/true);
+  EXPECT_EQ(fresh.resources.at(kNvSwitch).Find("0000:07:00.0"), nullptr);
+  const PluginDevice fellow = Device(fresh, kNvSwitch, "0000:05:00.0");
+  EXPECT_FALSE(fellow.healthy);
+  EXPECT_THAT(fellow.unhealthy_reason, HasSubstr("IOMMU group 40 not viable"));
+
+  const DeviceSnapshot after = BuildWith(names, /*nvswitches=*/true, AdvertisedIds(before));
+  const PluginDevice unbound = Device(after, kNvSwitch, "0000:07:00.0");
+  EXPECT_FALSE(unbound.healthy);
+  EXPECT_EQ(unbound.unhealthy_reason, "driver nvidia");
 }
 
 }  // namespace

@@ -81,6 +81,28 @@ TEST(PreferredTest, AvoidsGroupsAlreadySplitWithAnotherRequest) {
   EXPECT_THAT(PreferredAllocation(r, {"0000:01:00.1", "0000:02:00.0"}, {}, 1), ElementsAre("0000:02:00.0"));
 }
 
+// Allocate refuses part of an NVSwitch group, so the preferred answer must be whole groups; BDF order alone would
+// split both boards here, whose switches interleave on the bus.
+TEST(PreferredTest, HandsOutWholeNvSwitchGroups) {
+  ResourceDevices r;
+  r.devices = fixtures::NvSwitchGroup({"0000:05:00.0", "0000:07:00.0", "0000:09:00.0", "0000:0b:00.0"}, 40, 0);
+  for (PluginDevice& d : fixtures::NvSwitchGroup({"0000:06:00.0", "0000:08:00.0", "0000:0a:00.0", "0000:0c:00.0"}, 41, 0)) {
+    r.devices.push_back(d);
+  }
+  std::sort(r.devices.begin(), r.devices.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  EXPECT_THAT(PreferredAllocation(r, Ids(r), {}, 4),
+              ElementsAre("0000:05:00.0", "0000:07:00.0", "0000:09:00.0", "0000:0b:00.0"));
+  // A must-include switch brings its own group, not the lower one.
+  EXPECT_THAT(PreferredAllocation(r, Ids(r), {"0000:0a:00.0"}, 4),
+              ElementsAre("0000:06:00.0", "0000:08:00.0", "0000:0a:00.0", "0000:0c:00.0"));
+  // Group 40 already split by another pod: the other board.
+  EXPECT_THAT(PreferredAllocation(r, {"0000:06:00.0", "0000:07:00.0", "0000:08:00.0", "0000:09:00.0", "0000:0a:00.0",
+                                      "0000:0b:00.0", "0000:0c:00.0"},
+                                  {}, 4),
+              ElementsAre("0000:06:00.0", "0000:08:00.0", "0000:0a:00.0", "0000:0c:00.0"));
+  EXPECT_EQ(PreferredAllocation(r, Ids(r), {}, 8), Ids(r));
+}
+
 TEST(PreferredTest, ExactSizeAlwaysAndNeverFromOutsideAvailable) {
   const ResourceDevices r = Hgx();
   for (int size = 1; size <= 8; ++size) {

@@ -1,4 +1,5 @@
-// A healthy GPU alone in its IOMMU group, as the plugin's tests build their device snapshots.
+// Healthy devices as the plugin's tests build their device snapshots: a GPU alone in its IOMMU group, and the
+// NVSwitches of a group.
 #pragma once
 
 #include <optional>
@@ -20,6 +21,21 @@ inline PluginDevice Gpu(std::string id, int group, std::optional<int> numa = std
   d.group_functions = {d.id};
   d.vfio_cdevs = std::move(cdevs);
   return d;
+}
+
+// The NVSwitches of one IOMMU group, healthy, each listing the others as the peers Allocate requires with it.
+inline std::vector<PluginDevice> NvSwitchGroup(const std::vector<std::string>& ids, int group,
+                                               std::optional<int> numa = std::nullopt) {
+  std::vector<PluginDevice> out;
+  for (const std::string& id : ids) {
+    PluginDevice d = Gpu(id, group, numa);
+    d.group_functions = ids;
+    for (const std::string& peer : ids) {
+      if (peer != id) d.group_peers.push_back(peer);
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 }  // namespace vfio_agent::plugin::fixtures

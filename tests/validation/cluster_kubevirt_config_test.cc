@@ -167,6 +167,41 @@ TEST(KubevirtConfigCommandTest, ReadsTheHostsSelectedGpus) {
   EXPECT_THAT(out, Not(HasSubstr("1AEF")));
 }
 
+// Full passthrough: the VM spec's hostDevices name the switches' resource, so KubeVirt must permit it too.
+TEST(KubevirtConfigCommandTest, NvSwitchesWithTheSwitch) {
+  vfio_agent::testing::TempDir dir;
+  vfio_agent::testing::SysfsTree tree(dir.path() / "sys");
+  tree.AddDevice({.bdf = "0000:18:00.0", .device = 0x2335, .driver = "vfio-pci", .iommu_group = 11});
+  for (const char* bdf : {"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}) {
+    tree.AddDevice({.bdf = bdf, .device = 0x22a3, .class_code = 0x068000, .driver = "nvidia", .iommu_group = 40});
+  }
+  const auto pci_ids = dir.path() / "pci.ids";
+  std::ofstream(pci_ids) << "10de  NVIDIA Corporation\n\t22a3  GH100 [H100 NVSwitch]\n";
+  const std::vector<std::string> host = {"--sysfs-root", tree.root().string(), "--pci-ids", pci_ids.string()};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), host.begin(), host.end());
+    return RunCommand(more);
+  };
+
+  auto [code, out] = with({"--nvswitches"});
+  ASSERT_EQ(code, cli::kExitOk) << out;
+  EXPECT_EQ(EntriesAt(YAML::Load(out)["gpu"]["permittedHostDevices"]["pciHostDevices"]),
+            (std::vector<Entry>{{"10DE:22A3", "nvidia.com/GH100_H100_NVSWITCH", true}}));
+  auto [patch_code, patch] = with({"--nvswitches", "--format", "kubevirt-patch"});
+  ASSERT_EQ(patch_code, cli::kExitOk) << patch;
+  EXPECT_EQ(EntriesAt(YAML::Load(patch)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]),
+            (std::vector<Entry>{{"10DE:22A3", "nvidia.com/GH100_H100_NVSWITCH", true},
+                                {"10DE:2335", "nvidia.com/GH100_H200_SXM_141GB", true}}));
+  auto [renamed_code, renamed] = with({"--nvswitches", "--resource-name", "10de:22a3=HGX_NVSWITCH"});
+  ASSERT_EQ(renamed_code, cli::kExitOk) << renamed;
+  EXPECT_EQ(EntriesAt(YAML::Load(renamed)["gpu"]["permittedHostDevices"]["pciHostDevices"]),
+            (std::vector<Entry>{{"10DE:22A3", "nvidia.com/HGX_NVSWITCH", true}}));
+
+  auto [gpus_code, gpus] = with({"--format", "kubevirt-patch"});
+  ASSERT_EQ(gpus_code, cli::kExitOk) << gpus;
+  EXPECT_THAT(gpus, Not(HasSubstr("22A3")));
+}
+
 TEST(KubevirtConfigCommandTest, ExitCodes) {
   EXPECT_EQ(RunCommand({"--ids", "10de:23"}).first, cli::kExitUsage);
   EXPECT_EQ(RunCommand({"--ids", "10de2335"}).first, cli::kExitUsage);

@@ -21,11 +21,13 @@ using ::testing::UnorderedElementsAre;
 
 constexpr char kGpu[] = "0000:18:00.0";  // group 11
 
-TEST(HostDeviceTest, GpuOnItsHostDriverFailsDeviceDriverOnly) {
+// With --nvswitches a GPU off vfio also breaks the whole board for the one VM meant to get it (nvswitch.passthrough).
+TEST(HostDeviceTest, GpuOnItsHostDriverFailsDeviceDriverAndTheBoard) {
   auto node = BoundH200();
   ASSERT_TRUE(node->sim->Control(absl::StrCat("set-driver ", kGpu, " nvidia")).ok());
   const rpt::ValidateReport report = node->Validate(true);
-  EXPECT_THAT(Problems(report), ElementsAre(absl::StrCat("FAIL device.driver ", kGpu)));
+  EXPECT_THAT(Problems(report),
+              UnorderedElementsAre(absl::StrCat("FAIL device.driver ", kGpu), "FAIL nvswitch.passthrough node"));
   const rpt::Check* check = FindCheck(report, "device.driver", kGpu);
   EXPECT_THAT(check->fix(), HasSubstr(absl::StrCat("vfio-gpu-agent bind --device ", kGpu)));
   EXPECT_THAT(check->fix(), HasSubstr("nvidia-persistenced"));
@@ -104,7 +106,8 @@ TEST(HostDeviceTest, OverrideLeftWithoutADriverIsAStrandedBind) {
   ASSERT_TRUE(fs::WriteAttribute(node->paths.PciDevice(kGpu) / "driver_override", "vfio-pci").ok());
   const rpt::ValidateReport report = node->Validate(true);
   EXPECT_THAT(Problems(report), UnorderedElementsAre(absl::StrCat("FAIL device.stranded_override ", kGpu),
-                                                     absl::StrCat("FAIL device.driver ", kGpu)));
+                                                     absl::StrCat("FAIL device.driver ", kGpu),
+                                                     "FAIL nvswitch.passthrough node"));
   const rpt::Check* check = FindCheck(report, "device.stranded_override", kGpu);
   EXPECT_THAT(check->message(), HasSubstr("driver_override=vfio-pci but no driver"));
   EXPECT_THAT(check->fix(), HasSubstr("drivers_probe"));
@@ -195,6 +198,59 @@ TEST(HostDeviceTest, NvSwitchesLeftOnTheHostWithoutFabricManagerWarn) {
   report = (*node)->Validate();
   EXPECT_THAT(Problems(report), IsEmpty());
   EXPECT_THAT(FindCheck(report, "nvswitch.passthrough", "node")->message(), HasSubstr("Fabric Manager running"));
+  // Fabric Manager on the node is this model's, not a fault: only full passthrough checks for it.
+  EXPECT_EQ(FindCheck(report, "nvswitch.fabric_manager", "node"), nullptr);
+}
+
+// --- full passthrough (--nvswitches, FABRIC_MODE=0): one VM gets the whole board and runs Fabric Manager ---
+
+TEST(HostDeviceTest, FullPassthroughPassesWithTheWholeBoardOnVfioAndNoFabricManager) {
+  auto node = BoundH200();
+  const rpt::ValidateReport report = node->Validate(/*nvswitches=*/true);
+  EXPECT_THAT(Problems(report), IsEmpty());
+  EXPECT_THAT(FindCheck(report, "nvswitch.passthrough", "node")->message(),
+              HasSubstr("full passthrough: 8 GPUs and 4 NVSwitches on vfio"));
+  EXPECT_EQ(FindCheck(report, "nvswitch.fabric_manager", "node")->result(), rpt::PASS);
+  // The four switches are one IOMMU group, judged as one.
+  EXPECT_EQ(FindCheck(report, "group.viable", "group 40")->result(), rpt::PASS);
+  EXPECT_EQ(FindCheck(report, "group.devnode", "group 40")->result(), rpt::PASS);
+}
+
+TEST(HostDeviceTest, FullPassthroughFailsWhileOneSwitchIsOnTheHost) {
+  auto node = BoundH200();
+  ASSERT_TRUE(node->sim->Control("set-driver 0000:07:00.0 nvidia").ok());
+  const rpt::ValidateReport report = node->Validate(/*nvswitches=*/true);
+  EXPECT_THAT(Problems(report), UnorderedElementsAre("FAIL device.driver 0000:07:00.0", "FAIL nvswitch.passthrough node"));
+  const rpt::Check* check = FindCheck(report, "nvswitch.passthrough", "node");
+  EXPECT_THAT(check->message(), HasSubstr("0 of 8 GPUs and 1 of 4 NVSwitches are not (0000:07:00.0 on nvidia)"));
+  EXPECT_THAT(check->message(), HasSubstr("Fabric Manager cannot bring NVLink up"));
+  EXPECT_THAT(check->fix(), HasSubstr("vfio-gpu-agent bind --nvswitches"));
+  EXPECT_THAT(check->fix(), HasSubstr("one VM every GPU and NVSwitch"));
+  // The same node without --nvswitches: the switches are not the agent's to judge one by one.
+  EXPECT_EQ(FindCheck(node->Validate(/*nvswitches=*/false), "nvswitch.passthrough", "node")->result(), rpt::WARN);
+}
+
+TEST(HostDeviceTest, FullPassthroughNamesAGpuLeftOnTheHost) {
+  auto node = BoundH200();
+  ASSERT_TRUE(node->sim->Control("set-driver 0000:db:00.0 none").ok());
+  const rpt::ValidateReport report = node->Validate(/*nvswitches=*/true);
+  const rpt::Check* check = FindCheck(report, "nvswitch.passthrough", "node");
+  EXPECT_EQ(check->result(), rpt::FAIL);
+  EXPECT_THAT(check->message(), HasSubstr("1 of 8 GPUs and 0 of 4 NVSwitches are not (0000:db:00.0 on (no driver))"));
+}
+
+TEST(HostDeviceTest, FullPassthroughFailsWithFabricManagerOnTheNode) {
+  auto node = BoundH200();
+  const std::filesystem::path fm = node->paths.proc_root / "4242";
+  std::filesystem::create_directories(fm);
+  std::ofstream(fm / "comm") << "nv-fabricmanage\n";
+  const rpt::ValidateReport report = node->Validate(/*nvswitches=*/true);
+  EXPECT_THAT(Problems(report), ElementsAre("FAIL nvswitch.fabric_manager node"));
+  const rpt::Check* check = FindCheck(report, "nvswitch.fabric_manager", "node");
+  EXPECT_THAT(check->message(), HasSubstr("pid 4242) runs on the node"));
+  EXPECT_EQ(check->evidence(0).value(), "nv-fabricmanager pid 4242");
+  EXPECT_THAT(check->fix(), HasSubstr("systemctl disable --now nvidia-fabricmanager"));
+  EXPECT_THAT(check->fix(), HasSubstr("without --nvswitches"));
 }
 
 TEST(HostDeviceTest, BigBarsBeyondTheAddressSpaceWarnWithKubevirtsMmioFix) {

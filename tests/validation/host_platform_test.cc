@@ -28,7 +28,7 @@ TEST(HostPlatformTest, HealthyBoundH200NodePassesEveryHostCheck) {
                                                "device.driver", "device.sriov_mode", "device.bars", "device.power_state",
                                                "device.reset_method", "group.viable", "group.devnode",
                                                "device.stranded_override", "nvswitch.passthrough",
-                                               "device.mmio_window"}));
+                                               "nvswitch.fabric_manager", "device.mmio_window"}));
   for (const std::string& bdf : H200Gpus()) {
     const rpt::Check* driver = FindCheck(report, "device.driver", bdf);
     ASSERT_NE(driver, nullptr) << bdf;
@@ -140,8 +140,8 @@ TEST(HostPlatformTest, HostDriverOwningAGpuWarnsAndFailsThatDevice) {
   ASSERT_TRUE((*node)->BindNvidia(true).ok());
   ASSERT_TRUE((*node)->sim->Control("set-driver 0000:18:00.0 nouveau").ok());
   const rpt::ValidateReport report = (*node)->Validate(true);
-  EXPECT_THAT(Problems(report),
-              UnorderedElementsAreArray({"WARN host_drivers node", "FAIL device.driver 0000:18:00.0"}));
+  EXPECT_THAT(Problems(report), UnorderedElementsAreArray({"WARN host_drivers node", "FAIL device.driver 0000:18:00.0",
+                                                           "FAIL nvswitch.passthrough node"}));
   EXPECT_THAT(FindCheck(report, "host_drivers", "node")->message(), HasSubstr("own 0000:18:00.0 (nouveau)"));
   EXPECT_THAT(FindCheck(report, "host_drivers", "node")->fix(), HasSubstr("blacklist nouveau"));
   EXPECT_EQ(FindCheck(report, "host_drivers", "node")->evidence(0).value(), "nvidia nouveau nvidiafb");

@@ -33,7 +33,8 @@ struct AllocateConfig {
 
 // One container request. Device nodes are the host's /dev paths (the container sees the same paths; the
 // dev root only redirects where the agent itself looks). Fails with INVALID_ARGUMENT naming malformed or
-// unknown ids and with FAILED_PRECONDITION naming unhealthy ones.
+// unknown ids, with FAILED_PRECONDITION naming unhealthy ones, and with INVALID_ARGUMENT naming the missing
+// members when it asks for some but not all NVSwitches of an IOMMU group (PluginDevice::group_peers).
 absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& resource, const AllocateConfig& config,
                                                       const std::vector<std::string>& ids);
 

@@ -29,7 +29,10 @@ struct PluginDevice {
   std::string unhealthy_reason;  // "" when healthy; "driver nvidia", "no /dev/vfio/73", ...
   std::optional<int> numa_node;  // nullopt = no topology (sysfs -1), never reported as node 0 (R10)
   std::optional<int> iommu_group;
-  std::vector<std::string> group_functions;  // vendor functions of the group (GPUs and companions), sorted
+  std::vector<std::string> group_functions;  // vendor functions of the group (GPUs, NVSwitches, companions), sorted
+  // An NVSwitch's fellow switches in its IOMMU group, sorted: a guest's Fabric Manager needs every switch of the
+  // board, so Allocate hands them out together or not at all. Empty for a GPU.
+  std::vector<std::string> group_peers;
   std::vector<std::string> vfio_cdevs;       // this function's iommufd cdevs ("vfio3"), sorted
 
   bool operator==(const PluginDevice&) const = default;
@@ -51,16 +54,16 @@ struct DeviceSnapshot {
   bool operator==(const DeviceSnapshot&) const = default;
 };
 
-// The (vendor, device) ids of every selected GPU in `inventory`, whatever its driver: what the node's
+// The (vendor, device) ids of every selected GPU and NVSwitch in `inventory`, whatever its driver: what the node's
 // selection could advertise. The first name resolution of a process is made over these (NameResolver), so
 // `inspect` and `serve` give the same names and binding a GPU later renames nothing.
 std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory& inventory,
                                                            const pci::Selection& selection);
 
-// Builds the snapshot from one scan. Only selected GPUs are resources; companions are never advertised
-// on their own. A GPU is advertised once it has been seen on a vfio driver (now, or in `remembered`, the
-// ids advertised by the previous snapshot) and for as long as it stays in sysfs, so an unbound GPU turns
-// Unhealthy instead of vanishing. Healthy = vfio driver, group node present under <dev_root>/vfio (or, on
+// Builds the snapshot from one scan. Only selected GPUs and NVSwitches are resources (a switch model under its
+// own name, as a GPU model is); companions are never advertised on their own. A device is advertised once it
+// has been seen on a vfio driver (now, or in `remembered`, the ids advertised by the previous snapshot) and for
+// as long as it stays in sysfs, so an unbound one turns Unhealthy instead of vanishing. Healthy = vfio driver, group node present under <dev_root>/vfio (or, on
 // an iommufd host, all its cdevs under <dev_root>/vfio/devices), config space readable with a vendor other
 // than 0xffff, and the group viable.
 DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
