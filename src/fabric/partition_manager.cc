@@ -44,13 +44,15 @@ void PartitionManager::DropLocked(const absl::Status& why) {
   if (client_) spdlog::warn("fabric: connection to Fabric Manager at {} lost: {}", options_.address, why.ToString());
   client_.reset();
   status_.connected = false;
+  for (const Partition& partition : status_.table.partitions()) {
+    if (partition.active) active_before_loss_.insert(partition.id);
+  }
   SetErrorLocked(std::string(why.message()));
 }
 
-bool PartitionManager::HeldLocked(const Partition& partition, const std::optional<std::set<std::string>>& held) const {
-  const std::set<std::string>& holders = held ? *held : last_held_;
+bool PartitionManager::HeldLocked(const Partition& partition) const {
   return std::any_of(partition.gpus.begin(), partition.gpus.end(),
-                     [&](const std::string& gpu) { return holders.contains(gpu); });
+                     [&](const std::string& gpu) { return last_held_.gpus.contains(gpu); });
 }
 
 absl::Status PartitionManager::ConnectLocked() {
@@ -70,18 +72,26 @@ absl::Status PartitionManager::ConnectLocked() {
   return absl::OkStatus();
 }
 
-absl::Status PartitionManager::TellActivatedLocked(const std::optional<std::set<std::string>>& held) {
-  std::vector<uint32_t> active;
+absl::Status PartitionManager::TellActivatedLocked() {
+  // What serves a pod: a container's exact partition, a held partition that was active before the connection was
+  // lost (or is now), or one activated moments ago (the kubelet has not recorded its pod yet).
+  std::set<uint32_t> active;
+  for (const std::set<std::string>& container : last_held_.containers) {
+    if (const Partition* partition = status_.table.Exact(container)) active.insert(partition->id);
+  }
   const auto now = clock_();
   for (const Partition& partition : status_.table.partitions()) {
     auto activated = activated_at_.find(partition.id);
     const bool young = activated != activated_at_.end() && now - activated->second < options_.activation_grace;
-    if (partition.active && (young || HeldLocked(partition, held))) active.push_back(partition.id);
+    const bool was_active = partition.active || active_before_loss_.contains(partition.id);
+    if (young || (was_active && HeldLocked(partition))) active.insert(partition.id);
   }
-  if (absl::Status told = client_->SetActivated(active); !told.ok()) return told;
+  const std::vector<uint32_t> list(active.begin(), active.end());
+  if (absl::Status told = client_->SetActivated(list); !told.ok()) return told;
   must_tell_ = false;
+  active_before_loss_.clear();
   spdlog::info("fabric: reconnected to {}; told it the active partitions: [{}]", options_.address,
-               absl::StrJoin(active, ","));
+               absl::StrJoin(list, ","));
   return absl::OkStatus();
 }
 
@@ -102,17 +112,21 @@ absl::Status PartitionManager::ReadLocked() {
   return absl::OkStatus();
 }
 
-absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::string>>& held) {
+absl::Status PartitionManager::Reconcile(const std::optional<Held>& held) {
   std::vector<std::function<void()>> notes;
   absl::Status result;
   {
     std::lock_guard lock(mu_);
     const uint64_t generation = status_.generation;
     if (held) last_held_ = *held;
+    // FM is told after a read: the partitions of the held containers are found in its table.
     auto connect_and_read = [&] {
       absl::Status status = client_ ? absl::OkStatus() : ConnectLocked();
-      if (status.ok() && must_tell_) status = TellActivatedLocked(held);
       if (status.ok()) status = ReadLocked();
+      if (status.ok() && must_tell_) {
+        status = TellActivatedLocked();
+        if (status.ok()) status = ReadLocked();
+      }
       return status;
     };
     result = connect_and_read();
@@ -124,7 +138,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<std::set<std::strin
     if (result.ok() && held) {
       const auto now = clock_();
       for (const Partition& partition : status_.table.partitions()) {
-        if (!partition.active || HeldLocked(partition, held)) continue;
+        if (!partition.active || HeldLocked(partition)) continue;
         auto activated = activated_at_.find(partition.id);
         if (activated != activated_at_.end() && now - activated->second < options_.activation_grace) continue;
         absl::Status released = client_->Deactivate(partition.id);
@@ -200,7 +214,7 @@ absl::Status PartitionManager::ActivateLocked(Partition partition, const std::se
   for (const Partition& other : status_.table.partitions()) {
     if (other.id == partition.id || !other.active || !Overlaps(other, partition)) continue;
     for (const std::string& gpu : other.gpus) {
-      if (!gpus.contains(gpu) && last_held_.contains(gpu)) {
+      if (!gpus.contains(gpu) && last_held_.gpus.contains(gpu)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "Fabric Manager partition ", Describe(other), " is active and its GPU ", gpu,
             " is held by a pod: it cannot be deactivated for ", Describe(partition)));

@@ -460,10 +460,17 @@ void Agent::Impl::FabricLoop() {
       std::lock_guard lock(mu_);
       for (const auto& [name, resource] : resources_) names.insert(name);
     }
-    absl::StatusOr<std::set<std::string>> held =
-        HeldDeviceIds(options_.paths.pod_resources_socket, names, milliseconds(2000));
-    if (!held.ok()) spdlog::debug("fabric: {}; no partition is released this pass", held.status().ToString());
-    (void)fabric_->Reconcile(held.ok() ? std::optional(*std::move(held)) : std::nullopt);  // logged by the manager
+    absl::StatusOr<std::vector<std::set<std::string>>> containers =
+        HeldDeviceSets(options_.paths.pod_resources_socket, names, milliseconds(2000));
+    std::optional<fabric::Held> held;
+    if (containers.ok()) {
+      held.emplace();
+      for (const std::set<std::string>& ids : *containers) held->gpus.insert(ids.begin(), ids.end());
+      held->containers = *std::move(containers);
+    } else {
+      spdlog::debug("fabric: {}; no partition is released this pass", containers.status().ToString());
+    }
+    (void)fabric_->Reconcile(held);  // logged by the manager
     if (const uint64_t generation = fabric_->Status().generation; generation != seen) {
       seen = generation;
       RescanNow();

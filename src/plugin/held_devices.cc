@@ -8,9 +8,9 @@
 
 namespace vfio_agent::plugin {
 
-absl::StatusOr<std::set<std::string>> HeldDeviceIds(const std::filesystem::path& socket,
-                                                    const std::set<std::string>& resource_names,
-                                                    std::chrono::milliseconds deadline) {
+absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::filesystem::path& socket,
+                                                                 const std::set<std::string>& resource_names,
+                                                                 std::chrono::milliseconds deadline) {
   grpc::ChannelArguments args;
   args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");
   // A private connection, closed with the channel: a shared subchannel would outlive the call.
@@ -25,13 +25,15 @@ absl::StatusOr<std::set<std::string>> HeldDeviceIds(const std::filesystem::path&
     return absl::UnavailableError(
         absl::StrCat("pod-resources List on ", socket.string(), ": ", status.error_message()));
   }
-  std::set<std::string> held;
+  std::vector<std::set<std::string>> held;
   for (const auto& pod : response.pod_resources()) {
     for (const auto& container : pod.containers()) {
+      std::set<std::string> ids;
       for (const auto& devices : container.devices()) {
         if (!resource_names.contains(devices.resource_name())) continue;
-        held.insert(devices.device_ids().begin(), devices.device_ids().end());
+        ids.insert(devices.device_ids().begin(), devices.device_ids().end());
       }
+      if (!ids.empty()) held.push_back(std::move(ids));
     }
   }
   return held;

@@ -171,6 +171,20 @@ TEST_F(PartitionManagerTest, AfterAnFmRestartItReconnectsAndTellsFmWhatIsActive)
   EXPECT_EQ(manager->Unusable(Module(8)), "");
 }
 
+// The agent restarted while FM was initialising, so it never saw the pods' partitions active; then FM restarted and
+// forgot them. The containers pod-resources lists still say which partitions serve a VM.
+TEST_F(PartitionManagerTest, AfterBothRestartedFmIsToldThePartitionsOfTheHeldContainers) {
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "not-configured"; state.active = {1, 5}; });
+  auto manager = Make();
+  const Held held(Modules({1, 2, 3, 4, 5, 6}), {Modules({1, 2, 3, 4}), Modules({5, 6})});
+  EXPECT_FALSE(manager->Reconcile(held).ok());
+  vfio_agent::testing::RestartFakeFm(fm_);
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "shared"; });
+  ASSERT_TRUE(manager->Reconcile(held).ok());
+  EXPECT_THAT(Fm().told, ElementsAre(1, 5));
+  EXPECT_THAT(Fm().active, ElementsAre(1, 5));
+}
+
 TEST_F(PartitionManagerTest, AfterAnFmRestartWithNothingHeldFmIsToldTheEmptyList) {
   auto manager = Make();
   ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());

@@ -30,6 +30,7 @@
 
 #include "gtest/gtest.h"
 #include "absl/strings/str_split.h"
+#include "fabric_fixture.h"
 #include "plugin_harness.h"
 #include "run_harness.h"
 #include "spdlog/spdlog.h"
@@ -240,8 +241,11 @@ bool WriteAttr(const std::filesystem::path& path, const std::string& value) {
   return ok;
 }
 
+// A quarter of VA_SOAK_SECONDS goes to the Fabric Manager soak below.
+int FabricSeconds() { return EnvInt("VA_SOAK_SECONDS", 60) / 4; }
+
 TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
-  const int seconds = EnvInt("VA_SOAK_SECONDS", 60);
+  const int seconds = EnvInt("VA_SOAK_SECONDS", 60) - FabricSeconds();
   const unsigned seed = static_cast<unsigned>(EnvInt("VA_SOAK_SEED", 1));
   spdlog::set_level(spdlog::level::err);
   auto created = Node::Create("hgx-h200-8gpu.json");
@@ -519,6 +523,131 @@ TEST(Soak, RandomFaultsKeepTheAdvertisedSetExact) {
          "%+d, gRPC pool threads %+d, RSS %+lld kB; most idle workers kept %d (cap %zu)\n",
          checked_processes, worst_growth.threads, worst_growth.grpc_threads,
          static_cast<long long>(worst_growth.rss_kb), worst_growth.workers, ProcessWorkerPoolIdleCap());
+}
+
+// Shared-NVSwitch mode under faults: `run --fabric-manager` on the fake libnvfm with a seeded schedule of VM pods of
+// 1, 2, 4 and 8 GPUs admitted and released, FM restarts (connections die, active partitions forgotten), FM
+// initialising for a while, agent restarts and kubelet restarts. After every step, within kHardBound: the kubelet's
+// healthy set is every GPU while FM answers and none while it does not; every running pod's GPUs are exactly one
+// partition, active in FM whenever FM answers (never deactivated under it, told again after an FM restart). At the
+// end, with every pod gone, no partition stays active.
+TEST(Soak, FabricManagerFaultsKeepPartitionsAndHealthExact) {
+  const int seconds = FabricSeconds();
+  if (seconds <= 0) GTEST_SKIP() << "VA_SOAK_SECONDS below 4";
+  const unsigned seed = static_cast<unsigned>(EnvInt("VA_SOAK_SEED", 1));
+  spdlog::set_level(spdlog::level::err);
+  auto created = Node::Create("hgx-h200-8gpu.json");
+  if (!created.ok() && created.status().message().find("fuse") != std::string::npos) {
+    GTEST_SKIP() << created.status();
+  }
+  ASSERT_TRUE(created.ok()) << created.status();
+  Node& node = **created;
+  ASSERT_TRUE(node.BindToVfio(kH200Gpus).ok());
+  const std::filesystem::path fm = vfio_agent::testing::MakeFakeFm(node.kubelet_dir().parent_path() / "fm");
+  kubeletsim::Options kubelet_options;
+  kubelet_options.pod_resources_socket = PodResourcesSocket(node);
+  ASSERT_TRUE(node.StartKubelet(kubelet_options).ok());
+  const std::vector<std::string> args = {"--rescan-interval", "50", "--fabric-manager", "unix:" + fm.string(),
+                                         "--fabric-library", FAKE_NVFM_LIBRARY, "--fabric-interval", "100"};
+  auto start = [&] {
+    auto run = RunProcess::Start(node, args);
+    EXPECT_TRUE(run.ok()) << run.status();
+    return run.ok() ? *std::move(run) : nullptr;
+  };
+  std::unique_ptr<RunProcess> agent = start();
+  ASSERT_NE(agent, nullptr);
+  const std::set<std::string> all(kH200Gpus.begin(), kH200Gpus.end());
+  std::mt19937 rng(seed);
+  std::map<std::string, std::vector<std::string>> pods;  // running pod -> its GPUs
+  std::map<std::string, int> counts;
+  std::map<std::string, double> worst_ms;
+  bool fm_up = true;
+  int serial = 0, actions = 0;
+  auto partition_of = [](const std::vector<std::string>& gpus) {
+    const std::set<std::string> wanted(gpus.begin(), gpus.end());
+    const auto layout = vfio_agent::testing::FakeHgxPartitions();
+    for (uint32_t id = 0; id < layout.size(); ++id) {
+      std::set<std::string> members;
+      for (uint32_t module : layout[id]) members.insert(vfio_agent::testing::Module(module));
+      if (members == wanted) return static_cast<int>(id);
+    }
+    return -1;
+  };
+  const char* const kFaults[] = {"admit", "release", "fm_restart", "fm_down", "fm_up", "agent_restart",
+                                 "kubelet_restart"};
+  const std::vector<double> kWeights = {6, 6, 2, 1, 2, 0.5, 1};
+  std::discrete_distribution<int> choose(kWeights.begin(), kWeights.end());
+  const Clock::time_point end = Clock::now() + std::chrono::seconds(seconds);
+  while (Clock::now() < end) {
+    const std::string fault = kFaults[choose(rng)];
+    bool injected = true;
+    if (fault == "admit") {
+      static const int kSizes[] = {1, 1, 2, 2, 4, 8};
+      const int want = kSizes[std::uniform_int_distribution<int>(0, 5)(rng)];
+      const std::string name = "vm-" + std::to_string(++serial);
+      auto admitted = node.kubelet().Admit({.name = name, .limits = {{kH200, want}}});
+      if (admitted.ok()) {
+        pods[name] = admitted->devices[kH200];
+        ASSERT_GE(partition_of(pods[name]), 0) << name << " got GPUs that are no partition";
+      } else {
+        counts["admit_refused"]++;
+      }
+    } else if (fault == "release") {
+      injected = !pods.empty();
+      if (injected) {
+        node.kubelet().Release(pods.begin()->first);
+        pods.erase(pods.begin());
+      }
+    } else if (fault == "fm_restart") {
+      vfio_agent::testing::RestartFakeFm(fm);
+    } else if (fault == "fm_down" || fault == "fm_up") {
+      fm_up = fault == "fm_up";
+      vfio_agent::testing::UpdateFakeFm(fm, [&](vfio_agent::testing::FakeFmState& state) {
+        state.mode = fm_up ? "shared" : "not-configured";
+      });
+    } else if (fault == "agent_restart") {
+      const int status = agent->SignalAndWait(SIGTERM);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << agent->Log();
+      agent = start();
+      ASSERT_NE(agent, nullptr);
+    } else if (fault == "kubelet_restart") {
+      ASSERT_TRUE(node.kubelet().Restart().ok());
+    }
+    if (injected) counts[fault]++;
+    ++actions;
+
+    const Clock::time_point changed = Clock::now();
+    std::string wrong;
+    while (true) {
+      if (auto died = agent->ExitedOnItsOwn()) FAIL() << "agent died after " << fault << ": " << agent->Log();
+      bool registered = false;
+      const std::set<std::string> healthy = HealthyAtKubelet(node.kubelet(), &registered);
+      const std::set<std::string> expected = fm_up ? all : std::set<std::string>{};
+      wrong.clear();
+      if (!registered || healthy != expected) {
+        wrong = "kubelet healthy " + std::to_string(healthy.size()) + ", want " + std::to_string(expected.size());
+      } else if (fm_up) {
+        const std::set<uint32_t> active = vfio_agent::testing::SnapshotFakeFm(fm).active;
+        for (const auto& [pod, gpus] : pods) {
+          if (!active.contains(static_cast<uint32_t>(partition_of(gpus)))) wrong = "partition of " + pod + " not active";
+        }
+      }
+      if (wrong.empty() || Clock::now() - changed > kHardBound) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    ASSERT_TRUE(wrong.empty()) << "after " << fault << " (action " << actions << "): " << wrong << "\n" << agent->Log();
+    worst_ms[fault] = std::max(worst_ms[fault], std::chrono::duration<double, std::milli>(Clock::now() - changed).count());
+  }
+  // Every pod gone and FM answering: nothing stays active (released after the activation grace, 5 s).
+  for (const auto& [pod, gpus] : pods) node.kubelet().Release(pod);
+  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.mode = "shared"; });
+  EXPECT_TRUE(WaitUntil([&] { return vfio_agent::testing::SnapshotFakeFm(fm).active.empty(); }, milliseconds(20000)))
+      << "active partitions left with no pod: " << vfio_agent::testing::SnapshotFakeFm(fm).active.size();
+  EXPECT_TRUE(WIFEXITED(agent->SignalAndWait(SIGTERM)));
+  printf("fabric soak: %d s, seed %u, %d actions\n", seconds, seed, actions);
+  for (const auto& [fault, n] : counts) {
+    printf("  %-18s %5d  worst convergence %7.1f ms\n", fault.c_str(), n, worst_ms.count(fault) ? worst_ms[fault] : 0.0);
+  }
 }
 
 }  // namespace

@@ -45,6 +45,17 @@ class FabricObserver {
   virtual void OnFabricStateChanged() {}
 };
 
+// What pods hold now (pod-resources): every GPU, and each container's GPUs, from which the partitions that serve
+// a pod are known even when FM forgot them and this process never saw them active.
+struct Held {
+  Held() = default;
+  Held(std::set<std::string> gpus) : gpus(std::move(gpus)) {}  // NOLINT(google-explicit-constructor): no containers known
+  Held(std::set<std::string> gpus, std::vector<std::set<std::string>> containers)
+      : gpus(std::move(gpus)), containers(std::move(containers)) {}
+  std::set<std::string> gpus;
+  std::vector<std::set<std::string>> containers;
+};
+
 struct FabricStatus {
   bool connected = false;
   std::string error;  // the last failure talking to FM; "" when the last call worked
@@ -65,7 +76,7 @@ class PartitionManager {
   // One pass: connect if needed (after a lost connection, fmSetActivatedFabricPartitions with what is still
   // held), read the partitions, adopt the active ones found, and deactivate every active partition none of
   // whose GPUs `held` names (nullopt = pod-resources did not answer: nothing is released).
-  absl::Status Reconcile(const std::optional<std::set<std::string>>& held);
+  absl::Status Reconcile(const std::optional<Held>& held);
 
   // Why `bdf` must not be advertised now; "" when it may. Fail-open answers "" throughout.
   std::string Unusable(const std::string& bdf) const;
@@ -85,13 +96,13 @@ class PartitionManager {
  private:
   absl::Status ConnectLocked();
   // fmSetActivatedFabricPartitions with the partitions that still serve a pod (held, or activated moments ago).
-  absl::Status TellActivatedLocked(const std::optional<std::set<std::string>>& held);
+  absl::Status TellActivatedLocked();
   absl::Status ReadLocked();
   void DropLocked(const absl::Status& why);
   // By value: a read of FM's list replaces the table the caller found it in.
   absl::Status ActivateLocked(Partition partition, const std::set<std::string>& gpus,
                               std::vector<std::function<void()>>* notes);
-  bool HeldLocked(const Partition& partition, const std::optional<std::set<std::string>>& held) const;
+  bool HeldLocked(const Partition& partition) const;
   void SetErrorLocked(std::string error);
 
   const FabricOptions options_;
@@ -103,9 +114,10 @@ class PartitionManager {
   std::unique_ptr<FmClient> client_;
   bool ever_connected_ = false;
   bool must_tell_ = false;  // reconnected: FM has not yet been told which partitions are active
+  std::set<uint32_t> active_before_loss_;  // the table's active partitions when the connection was lost
   bool read_once_ = false;
   FabricStatus status_;
-  std::set<std::string> last_held_;  // as of the last pod-resources answer
+  Held last_held_;  // as of the last pod-resources answer
   std::map<uint32_t, std::chrono::steady_clock::time_point> activated_at_;  // by Allocate, this process
 };
 

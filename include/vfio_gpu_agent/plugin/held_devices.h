@@ -6,15 +6,16 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace vfio_agent::plugin {
 
-// The device ids of `resource_names` in every container pod-resources lists. Unavailable with the socket and
-// gRPC's reason when the kubelet does not answer within `deadline`.
-absl::StatusOr<std::set<std::string>> HeldDeviceIds(const std::filesystem::path& socket,
-                                                    const std::set<std::string>& resource_names,
-                                                    std::chrono::milliseconds deadline);
+// Per container pod-resources lists, the device ids it holds of `resource_names` (containers holding none left
+// out). Unavailable with the socket and gRPC's reason when the kubelet does not answer within `deadline`.
+absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::filesystem::path& socket,
+                                                                 const std::set<std::string>& resource_names,
+                                                                 std::chrono::milliseconds deadline);
 
 }  // namespace vfio_agent::plugin
