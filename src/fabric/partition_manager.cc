@@ -208,6 +208,7 @@ std::optional<std::vector<std::string>> PartitionManager::Preferred(const std::s
   return chosen;
 }
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): a read replaces the table `partition` would point into.
 absl::Status PartitionManager::ActivateLocked(Partition partition, const std::set<std::string>& gpus,
                                               std::vector<std::function<void()>>* notes) {
   const std::string requested = absl::StrJoin(gpus, ",");

@@ -24,7 +24,7 @@ YAML::Node Walk(const YAML::Node& root, std::initializer_list<const char*> path)
   return node;
 }
 
-std::string ScalarOr(const YAML::Node& node, std::string fallback = "") {
+std::string ScalarOr(const YAML::Node& node, const std::string& fallback = "") {
   return node.IsDefined() && node.IsScalar() ? node.Scalar() : fallback;
 }
 

@@ -6,10 +6,12 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "fake_nvfm_state.h"
+#include "vfio_gpu_agent/fabric/partitions.h"
 
 namespace vfio_agent::testing {
 
@@ -29,6 +31,34 @@ inline std::map<uint32_t, std::string> HgxModules() {
 }
 
 inline std::string Module(uint32_t module) { return HgxModules().at(module); }
+
+// The id of the fake's partition whose GPUs are exactly `gpus`, or -1.
+template <typename Gpus>
+int PartitionOf(const Gpus& gpus) {
+  const std::set<std::string> wanted(gpus.begin(), gpus.end());
+  const auto layout = FakeHgxPartitions();
+  for (size_t id = 0; id < layout.size(); ++id) {
+    std::set<std::string> members;
+    for (uint32_t module : layout[id]) members.insert(Module(module));
+    if (members == wanted) return static_cast<int>(id);
+  }
+  return -1;
+}
+
+// The fake's table as the agent's client builds it from FM's answer.
+inline fabric::PartitionTable HgxTable(const std::set<uint32_t>& active = {}) {
+  std::vector<fabric::Partition> partitions;
+  const auto layout = FakeHgxPartitions();
+  for (uint32_t id = 0; id < layout.size(); ++id) {
+    fabric::Partition partition{.id = id, .active = active.contains(id)};
+    for (uint32_t module : layout[id]) {
+      partition.gpus.push_back(Module(module));
+      partition.module_ids.push_back(module);
+    }
+    partitions.push_back(partition);
+  }
+  return fabric::PartitionTable(partitions);
+}
 
 // Creates the state file for an FM in shared mode with nothing active; returns its path (the FM address is
 // "unix:" + path).

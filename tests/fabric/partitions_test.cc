@@ -9,23 +9,8 @@ namespace vfio_agent::fabric {
 namespace {
 
 using ::testing::ElementsAre;
-using vfio_agent::testing::FakeHgxPartitions;
+using vfio_agent::testing::HgxTable;
 using vfio_agent::testing::Module;
-
-// The HGX table as the client builds it from FM's answer.
-PartitionTable HgxTable(const std::set<uint32_t>& active = {}) {
-  std::vector<Partition> partitions;
-  const auto layout = FakeHgxPartitions();
-  for (uint32_t id = 0; id < layout.size(); ++id) {
-    Partition partition{.id = id, .active = active.contains(id)};
-    for (uint32_t module : layout[id]) {
-      partition.gpus.push_back(Module(module));
-      partition.module_ids.push_back(module);
-    }
-    partitions.push_back(partition);
-  }
-  return PartitionTable(partitions);
-}
 
 std::set<std::string> AllGpus() { return {vfio_agent::testing::HgxGpus().begin(), vfio_agent::testing::HgxGpus().end()}; }
 

@@ -16,21 +16,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using vfio_agent::testing::FakeFmState;
-using vfio_agent::testing::FakeHgxPartitions;
 using vfio_agent::testing::Module;
+using vfio_agent::testing::PartitionOf;
 using vfio_agent::testing::UpdateFakeFm;
-
-// The partition whose GPUs are exactly `gpus`, or -1.
-int PartitionOf(const std::vector<std::string>& gpus) {
-  const std::set<std::string> wanted(gpus.begin(), gpus.end());
-  const auto layout = FakeHgxPartitions();
-  for (size_t id = 0; id < layout.size(); ++id) {
-    std::set<std::string> members;
-    for (uint32_t module : layout[id]) members.insert(Module(module));
-    if (members == wanted) return static_cast<int>(id);
-  }
-  return -1;
-}
 
 class FabricIntegrationTest : public ::testing::Test {
  protected:

@@ -563,16 +563,6 @@ TEST(Soak, FabricManagerFaultsKeepPartitionsAndHealthExact) {
   std::map<std::string, double> worst_ms;
   bool fm_up = true;
   int serial = 0, actions = 0;
-  auto partition_of = [](const std::vector<std::string>& gpus) {
-    const std::set<std::string> wanted(gpus.begin(), gpus.end());
-    const auto layout = vfio_agent::testing::FakeHgxPartitions();
-    for (uint32_t id = 0; id < layout.size(); ++id) {
-      std::set<std::string> members;
-      for (uint32_t module : layout[id]) members.insert(vfio_agent::testing::Module(module));
-      if (members == wanted) return static_cast<int>(id);
-    }
-    return -1;
-  };
   const char* const kFaults[] = {"admit", "release", "fm_restart", "fm_down", "fm_up", "agent_restart",
                                  "kubelet_restart"};
   const std::vector<double> kWeights = {6, 6, 2, 1, 2, 0.5, 1};
@@ -588,7 +578,7 @@ TEST(Soak, FabricManagerFaultsKeepPartitionsAndHealthExact) {
       auto admitted = node.kubelet().Admit({.name = name, .limits = {{kH200, want}}});
       if (admitted.ok()) {
         pods[name] = admitted->devices[kH200];
-        ASSERT_GE(partition_of(pods[name]), 0) << name << " got GPUs that are no partition";
+        ASSERT_GE(vfio_agent::testing::PartitionOf(pods[name]), 0) << name << " got GPUs that are no partition";
       } else {
         counts["admit_refused"]++;
       }
@@ -629,7 +619,7 @@ TEST(Soak, FabricManagerFaultsKeepPartitionsAndHealthExact) {
       } else if (fm_up) {
         const std::set<uint32_t> active = vfio_agent::testing::SnapshotFakeFm(fm).active;
         for (const auto& [pod, gpus] : pods) {
-          if (!active.contains(static_cast<uint32_t>(partition_of(gpus)))) wrong = "partition of " + pod + " not active";
+          if (!active.contains(static_cast<uint32_t>(vfio_agent::testing::PartitionOf(gpus)))) wrong = "partition of " + pod + " not active";
         }
       }
       if (wrong.empty() || Clock::now() - changed > kHardBound) break;

@@ -3,29 +3,15 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
-#include <fstream>
-
 #include "fabric_fixture.h"
+#include "rss.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 
 namespace vfio_agent::fabric {
 namespace {
 
+using vfio_agent::testing::HgxTable;
 using vfio_agent::testing::Module;
-
-PartitionTable HgxTable() {
-  std::vector<Partition> partitions;
-  const auto layout = vfio_agent::testing::FakeHgxPartitions();
-  for (uint32_t id = 0; id < layout.size(); ++id) {
-    Partition partition{.id = id};
-    for (uint32_t module : layout[id]) {
-      partition.gpus.push_back(Module(module));
-      partition.module_ids.push_back(module);
-    }
-    partitions.push_back(partition);
-  }
-  return PartitionTable(partitions);
-}
 
 std::map<std::string, int> Numa() {
   std::map<std::string, int> numa;
@@ -87,15 +73,6 @@ void BM_AllocateActivateRelease(benchmark::State& state) {
 }
 BENCHMARK(BM_AllocateActivateRelease)->Unit(benchmark::kMicrosecond);
 
-int64_t RssAnonKb() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
-  }
-  return -1;
-}
-
 // Anonymous memory after 10,000 allocate/release cycles, against the level after a first 1,000.
 void BM_AnonGrowthPer10000Cycles(benchmark::State& state) {
   FakeFm fm;
@@ -113,12 +90,12 @@ void BM_AnonGrowthPer10000Cycles(benchmark::State& state) {
   cycles(1000);
   int64_t growth = 0;
   for (auto _ : state) {
-    const int64_t before = RssAnonKb();
+    const int64_t before = bench::RssAnonKb();
     cycles(10000);
-    growth = RssAnonKb() - before;
+    growth = bench::RssAnonKb() - before;
   }
   state.counters["anon_growth_kB"] = static_cast<double>(growth);
-  state.counters["rss_anon_kB"] = static_cast<double>(RssAnonKb());
+  state.counters["rss_anon_kB"] = static_cast<double>(bench::RssAnonKb());
 }
 BENCHMARK(BM_AnonGrowthPer10000Cycles)->Unit(benchmark::kMillisecond)->Iterations(1);
 

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "rss.h"
 #include "grpcpp/client_context.h"
 #include "plugin_harness.h"
 #include "spdlog/spdlog.h"
@@ -55,12 +56,6 @@ Node& SharedNode() {
   return *node;
 }
 
-int64_t RssAnonKb() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
-  }
   return -1;
 }
 
@@ -116,12 +111,12 @@ void BM_AnonGrowthPer1000Allocates(benchmark::State& state) {
   run();
   int64_t growth = 0;
   for (auto _ : state) {
-    const int64_t before = RssAnonKb();
+    const int64_t before = bench::RssAnonKb();
     run();
-    growth = RssAnonKb() - before;
+    growth = bench::RssAnonKb() - before;
   }
   state.counters["anon_growth_kB"] = static_cast<double>(growth);
-  state.counters["rss_anon_kB"] = static_cast<double>(RssAnonKb());
+  state.counters["rss_anon_kB"] = static_cast<double>(bench::RssAnonKb());
 }
 BENCHMARK(BM_AnonGrowthPer1000Allocates)->Iterations(1)->Unit(benchmark::kMillisecond);
 

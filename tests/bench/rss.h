@@ -1,0 +1,20 @@
+// Anonymous resident memory of this process, for the benchmarks' growth figures.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace vfio_agent::bench {
+
+// RssAnon of /proc/self/status in kB; -1 when unreadable.
+inline int64_t RssAnonKb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+
+}  // namespace vfio_agent::bench
