@@ -144,7 +144,9 @@ class NvfmClient final : public FmClient {
     for (unsigned int i = 0; i < std::min<unsigned int>(list->numPartitions, nvfm::kMaxFabricPartitions); ++i) {
       const nvfm::PartitionInfo& info = list->partitionInfo[i];
       if (excluded.contains(info.partitionId)) continue;
-      Partition partition{.id = info.partitionId, .active = info.isActive != 0};
+      Partition partition;
+      partition.id = info.partitionId;
+      partition.active = info.isActive != 0;
       for (unsigned int g = 0; g < std::min<unsigned int>(info.numGpus, nvfm::kMaxNumGpus); ++g) {
         const nvfm::PartitionGpuInfo& gpu = info.gpuInfo[g];
         absl::StatusOr<std::string> bdf =

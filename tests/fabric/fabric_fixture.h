@@ -50,7 +50,9 @@ inline fabric::PartitionTable HgxTable(const std::set<uint32_t>& active = {}) {
   std::vector<fabric::Partition> partitions;
   const auto layout = FakeHgxPartitions();
   for (uint32_t id = 0; id < layout.size(); ++id) {
-    fabric::Partition partition{.id = id, .active = active.contains(id)};
+    fabric::Partition partition;
+    partition.id = id;
+    partition.active = active.contains(id);
     for (uint32_t module : layout[id]) {
       partition.gpus.push_back(Module(module));
       partition.module_ids.push_back(module);

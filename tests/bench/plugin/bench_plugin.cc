@@ -56,9 +56,6 @@ Node& SharedNode() {
   return *node;
 }
 
-  return -1;
-}
-
 v1beta1::AllocateRequest OneGpuRequest() {
   v1beta1::AllocateRequest request;
   request.add_container_requests()->add_devices_ids("0000:3b:00.0");
