@@ -50,7 +50,11 @@ mapfile -t packages < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' daemonset/package
 # Every library the binary loads must come from a listed package: the NEEDED entries and the sonames it names
 # for dlopen (libkmod.so.2) alike. A library from an unlisted package would be missing at run time.
 listed=" ${packages[*]%%=*} "
+# Libraries the agent dlopens from the node itself, never from the image: Fabric Manager's client must be the
+# node's FM version, and the chart mounts the node's copy (fabricManager.libraryHostPath).
+export HOST_PROVIDED="libnvfm.so.1"
 for soname in $(grep -aoE 'lib[a-z0-9_+-]+\.so(\.[0-9]+)+|ld-linux-x86-64\.so\.2' "$agent" | sort -u); do
+  case " $HOST_PROVIDED " in *" $soname "*) continue ;; esac
   # awk reads to the end: exiting at the first match would kill ldconfig with SIGPIPE, and pipefail would make
   # that (timing-dependent) exit 141 the script's.
   path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ && path == "" {path = $NF} END {print path}')
@@ -126,6 +130,7 @@ def dynamic(path, tag):
 agent = "/usr/bin/vfio-gpu-agent"
 with open(host(agent), "rb") as f:
     named = set(m.decode() for m in re.findall(rb"lib[a-z0-9_+-]+\.so(?:\.[0-9]+)+", f.read()))
+named -= set(os.environ["HOST_PROVIDED"].split())
 # glibc itself dlopens libgcc_s for pthread_cancel/pthread_exit unwinding and backtrace().
 named.add("libgcc_s.so.1")
 keep = set()
