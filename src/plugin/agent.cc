@@ -52,12 +52,14 @@ constexpr milliseconds kMaxPollWait{1000};          // stat poll while an inotif
 // registration (R22) and will not.
 constexpr milliseconds kFirstStreamWait{5000};
 constexpr milliseconds kSettleRescan{25};           // second look after a device event (sysfs may lag /dev)
+// After a stream end with kubelet.sock still accepting, how often to look again whether the kubelet is exiting.
+constexpr milliseconds kStreamEndProbe{50};
 // A kubelet that does not answer Register is expected for a while (starting, restarting); only past this
 // is it worth a warning. The daemon's registration grace is the same.
 constexpr milliseconds kQuietRegisterFailures{30000};
 
 // True when a process listens on the Unix socket `path`. A kubelet that is down refuses; one that is exiting
-// may still accept for a moment after its streams ended, and then costs one server restart more.
+// still accepts for a moment after its streams ended (ServeOptions::stream_end_settle).
 bool Listening(const std::filesystem::path& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return true;  // cannot tell: behave as if it were up
@@ -105,6 +107,10 @@ struct Resource {
   bool registered = false;
   bool register_in_flight = false;
   bool stream_ended = false;
+  // Set when the kubelet's stream ended while kubelet.sock accepted: cleared when the kubelet stops accepting
+  // (it is exiting; the next one deletes our socket and the server restarts then) or, with the kubelet still
+  // up after stream_end_settle, by restarting the server. No Register is sent meanwhile.
+  std::optional<Clock::time_point> stream_end_since;
   FileId registered_kubelet;
   Clock::time_point registered_at{};
   int streams_before_register = 0;  // the server's streams_opened() when the Register that holds was sent
@@ -315,7 +321,8 @@ std::vector<ResourceStatus> Agent::Impl::Resources() const {
   std::vector<ResourceStatus> out;
   for (const auto& [name, resource] : resources_) {
     out.push_back({name, resource.socket, resource.registered, resource.registrations,
-                   resource.server ? resource.server->live_streams() : 0, resource.serves});
+                   resource.server ? resource.server->live_streams() : 0, resource.serves,
+                   resource.stream_end_since.has_value()});
   }
   return out;
 }
@@ -343,9 +350,11 @@ Clock::time_point Agent::Impl::NextDeadline() const {
   if (!dirs_.complete()) next = std::min(next, Clock::now() + kMaxPollWait);
   for (const auto& [name, resource] : resources_) {
     if (!resource.server) next = std::min(next, resource.next_serve);
-    if (resource.server && !resource.registered && !resource.register_in_flight && kubelet_.present()) {
+    if (resource.server && !resource.registered && !resource.register_in_flight && kubelet_.present() &&
+        !resource.stream_end_since) {
       next = std::min(next, resource.next_attempt);
     }
+    if (resource.stream_end_since) next = std::min(next, Clock::now() + kStreamEndProbe);
     if (resource.server && resource.registered &&
         resource.server->streams_opened() == resource.streams_before_register) {
       next = std::min(next, resource.registered_at + kFirstStreamWait);
@@ -545,6 +554,13 @@ void Agent::Impl::Reconcile() {
   }
   for (auto& [name, resource] : resources_) {
     std::string reason;
+    if (resource.server && resource.stream_ended && resource.server->live_streams() == 0 &&
+        !resource.stream_end_since) {
+      // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream that
+      // ends before the reply is processed voids that registration too (RegisterDone drops the late OK).
+      resource.stream_end_since = now;
+      resource.registered = false;
+    }
     if (!resource.server) {
       if (now >= resource.next_serve) reason = "serving";
     } else if (!resource.server->socket_id().present() ||  // removed between bind and stat (kubelet restart)
@@ -552,17 +568,15 @@ void Agent::Impl::Reconcile() {
       reason = "own socket removed (kubelet restart)";
     } else if (resource.registered && kubelet.present() && !(kubelet == resource.registered_kubelet)) {
       reason = "kubelet.sock re-created (kubelet restart)";
-    } else if (resource.stream_ended && resource.server->live_streams() == 0) {
-      if (Listening(kubelet_socket_)) {
-        // Registered or not yet: the kubelet opens the stream before its Register reply is sent, so a stream
-        // that ends before the reply is processed voids that registration too, and the late OK (an older
-        // generation) is then dropped. A new server also closes every connection of the old one.
-        reason = "ListAndWatch stream ended";
-      } else {
-        // The kubelet is down: the one that starts next deletes our socket, and the server restarts then,
+    } else if (resource.stream_end_since) {
+      if (!Listening(kubelet_socket_)) {
+        // The kubelet is exiting: the one that starts next deletes our socket, and the server restarts then,
         // once, instead of now and again then.
         spdlog::info("{}: ListAndWatch stream ended with the kubelet down; serving again when it returns", name);
-        resource.registered = false;
+        resource.stream_end_since.reset();
+      } else if (now >= *resource.stream_end_since + options_.stream_end_settle) {
+        // The kubelet stays: a new server closes every connection of the old one before registering again.
+        reason = "ListAndWatch stream ended";
       }
     } else if (resource.registered && resource.server->streams_opened() == resource.streams_before_register &&
                now >= resource.registered_at + kFirstStreamWait) {
@@ -576,8 +590,8 @@ void Agent::Impl::Reconcile() {
       if (resource.server) spdlog::info("{}: restarting server: {}", name, reason);
       Serve(resource);
     }
-    if (resource.server && !resource.registered && !resource.register_in_flight && kubelet.present() &&
-        now >= resource.next_attempt) {
+    if (resource.server && !resource.registered && !resource.register_in_flight && !resource.stream_end_since &&
+        kubelet.present() && now >= resource.next_attempt) {
       StartRegister(resource, kubelet);
     }
   }
@@ -591,6 +605,7 @@ void Agent::Impl::Serve(Resource& resource) {
   }
   resource.registered = false;
   resource.register_in_flight = false;
+  resource.stream_end_since.reset();
   resource.next_attempt = Clock::now();
   const uint64_t generation = ++resource.generation;
   const std::string name = resource.name;
@@ -676,6 +691,10 @@ void Agent::Impl::RegisterDone(const RegisterCall& call) {
                  call.status.error_message());
     resource.backoff = milliseconds(0);
     resource.next_attempt = Clock::now();
+    return;
+  }
+  if (call.status.ok() && resource.stream_end_since) {
+    spdlog::debug("{}: Register answered OK after its stream had ended; not registered", resource.name);
     return;
   }
   if (call.status.ok()) {

@@ -131,6 +131,34 @@ TEST_F(PluginIntegrationTest, KubeletRestartRestartsTheServerOnce) {
   EXPECT_EQ(after.registrations, 1 + kRestarts);
 }
 
+// A kubelet restart as a real kubelet makes it: the exiting kubelet ends our stream while kubelet.sock still
+// accepts, stops accepting a moment later, and the new kubelet deletes every socket before it listens. The agent
+// restarts its server once, when its socket is deleted, not also for the stream end. The settle is made long
+// (30 s) so that the test's ordering, not the machine's speed, decides which branch the agent takes.
+TEST_F(PluginIntegrationTest, KubeletThatAcceptsAfterItsStreamEndedRestartsTheServerOnce) {
+  Boot("hgx-h200-8gpu.json", kH200Gpus);
+  node_->options.stream_end_settle = std::chrono::seconds(30);
+  ASSERT_TRUE(node_->StartKubelet().ok());
+  ASSERT_TRUE(node_->StartAgent().ok());
+  ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1));
+  const int first = node_->agent().Resources().at(0).serves;
+  constexpr int kRestarts = 3;
+  for (int i = 1; i <= kRestarts; ++i) {
+    ASSERT_TRUE(node_->kubelet().CloseStream(kH200).ok());  // the exiting kubelet's stream ends first
+    ASSERT_TRUE(WaitUntil([&] { return node_->agent().Resources().at(0).stream_end_pending; })) << "restart " << i;
+    node_->kubelet().Stop();  // then it stops accepting
+    ASSERT_TRUE(WaitUntil([&] {
+      const ResourceStatus status = node_->agent().Resources().at(0);
+      return !status.stream_end_pending && !status.registered && status.live_streams == 0;
+    })) << "restart " << i;
+    ASSERT_TRUE(node_->kubelet().Start().ok());
+    ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1 + i)) << "restart " << i;
+  }
+  const ResourceStatus after = node_->agent().Resources().at(0);
+  EXPECT_EQ(after.serves, first + kRestarts);
+  EXPECT_EQ(after.registrations, 1 + kRestarts);
+}
+
 // The kubelet answers UNKNOWN to a Register whose dial-back timed out, as to a refused name; only the latter
 // is a configuration error worth 30 s. Here every dial-back times out (the simulated kubelet gives it no
 // time at all): the agent must try again at once, not 30 s later.

@@ -43,6 +43,11 @@ struct ServeOptions {
   // so it is rare: an idle 8-GPU node then costs well under 2 ms of CPU per 20 s. Only a change that raises no
   // event (config space going dead without a uevent) waits for it.
   std::chrono::milliseconds rescan_interval{60000};
+  // A kubelet that is exiting (a restart) ends our ListAndWatch stream a moment before it stops accepting on
+  // kubelet.sock; the next kubelet then deletes our socket. A stream end is therefore acted on only when the
+  // kubelet still accepts this long after it (looked at every 50 ms): a kubelet restart restarts the server
+  // once, when our socket is deleted, and a stream the kubelet cut while staying up re-registers after this.
+  std::chrono::milliseconds stream_end_settle{1000};
   bool udev = true;  // libudev monitor of the pci subsystem; tests on a simulated sysfs turn it off
   bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
   std::filesystem::path cdi_dir = "/var/run/cdi";
@@ -63,6 +68,7 @@ struct ResourceStatus {
   int registrations = 0;         // successful Register calls
   int live_streams = 0;          // ListAndWatch streams open now
   int serves = 0;                // times its server was started (the first serve and every restart)
+  bool stream_end_pending = false;  // the stream ended while kubelet.sock accepted (ServeOptions::stream_end_settle)
 };
 
 class Agent {
