@@ -10,7 +10,8 @@
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim),
 #      REALCLUSTER (../shared/realcluster: kubelet-dra.sh).
 # Prints what it saw and exit 1 when an expectation failed: capacity 8 after each step, no False condition and no
-# Warning event, Unknown/AgentStopped after SIGTERM, True again after the new start.
+# Warning event, one plugin server restart per kubelet restart, Unknown/AgentStopped after SIGTERM, True again
+# after the new start.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -101,6 +102,10 @@ for i in 1 2; do
     expect "registered again (kubelet_restarts_total $i)" wait_for restarts_are $i
     expect "capacity 8 again" wait_for capacity_is 8
 done
+# The exiting kubelet ends the plugin's stream a moment before it stops accepting on kubelet.sock; the new one
+# deletes the plugin's socket. One server restart per kubelet restart, not one for each.
+server_restarts=$(grep -c "restarting server" "$TMP/agent.log")
+expect "one server restart per kubelet restart ($server_restarts for 2)" [ "$server_restarts" = 2 ]
 echo "== SIGTERM"
 kill -TERM "$agent"; wait "$agent"; echo "   agent exit code $?"; agent=
 expect "condition Unknown AgentStopped" condition_is "Unknown AgentStopped"
