@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "yaml-cpp/yaml.h"
@@ -204,6 +205,22 @@ bool TokenSource::Reload() {
   stamp_ = FileStamp{};
   absl::StatusOr<std::string> token = ReadLocked();
   return token.ok() && *token != before;
+}
+
+bool IsDnsSubdomain(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  size_t label_start = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i < name.size() && name[i] != '.') {
+      const char c = name[i];
+      if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-') return false;
+      continue;
+    }
+    // A label: not empty, at most 63, starting and ending with an alphanumeric.
+    if (i == label_start || i - label_start > 63 || name[label_start] == '-' || name[i - 1] == '-') return false;
+    label_start = i + 1;
+  }
+  return true;
 }
 
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::filesystem::path& kubeconfig,

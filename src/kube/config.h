@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,10 @@ absl::StatusOr<ClusterConfig> LoadKubeconfig(const std::filesystem::path& path);
 // KUBERNETES_SERVICE_HOST/PORT (passed in). NotFound when host is empty or there is no token file.
 absl::StatusOr<ClusterConfig> LoadInClusterConfig(const std::filesystem::path& service_account_dir,
                                                   absl::string_view host, absl::string_view port);
+
+// An RFC 1123 DNS subdomain (node names, DRA driver names): anything else would also be a path injection into the
+// request URLs.
+bool IsDnsSubdomain(std::string_view name);
 
 // --kubeconfig when one is given, else the in-cluster service account (KUBERNETES_SERVICE_HOST/PORT from the
 // environment): the one choice every API client of the agent makes.

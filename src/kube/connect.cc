@@ -1,6 +1,5 @@
 #include <cstdlib>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
 #include "config.h"
@@ -8,24 +7,11 @@
 #include "vfio_gpu_agent/kube/node_reporter.h"
 
 namespace vfio_agent::kube {
-namespace {
-
-// A node name is a DNS subdomain; anything else would also be a path injection into the request URLs.
-bool IsNodeName(const std::string& name) {
-  if (name.empty() || name.size() > 253) return false;
-  for (char c : name) {
-    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-' && c != '.') return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<NodeReporter>> ConnectNodeReporter(const ConnectOptions& options) {
   if (options.node_name.empty()) {
     return absl::InvalidArgumentError("no node name for the Kubernetes API: set NODE_NAME (downward API) or --node-name");
   }
-  if (!IsNodeName(options.node_name)) {
+  if (!IsDnsSubdomain(options.node_name)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid node name \"", options.node_name,
                                                    "\": lower-case letters, digits, '-' and '.' only"));
   }

@@ -201,6 +201,12 @@ absl::StatusOr<nlohmann::json> KubeApiSim::Events() {
   return nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
 }
 
+absl::StatusOr<nlohmann::json> KubeApiSim::Slices() {
+  absl::StatusOr<std::string> reply = Control("slices");
+  if (!reply.ok()) return reply.status();
+  return nlohmann::json::parse(*reply, nullptr, /*allow_exceptions=*/false);
+}
+
 std::vector<KubeApiRequest> KubeApiSim::Log() const {
   std::vector<KubeApiRequest> requests;
   std::ifstream in(log_file_);

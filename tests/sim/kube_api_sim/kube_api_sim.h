@@ -12,7 +12,8 @@
 // cut METHOD PREFIX COUNT |
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |
 // deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403) |
-// admission policy|binding JSON | delete-admission policy|binding NAME | admission-api on|off
+// admission policy|binding JSON | delete-admission policy|binding NAME | admission-api on|off | slices |
+// delete-slices NODE (a kubelet's start)
 #pragma once
 
 #include <sys/types.h>
@@ -80,6 +81,7 @@ class KubeApiSim {
   absl::StatusOr<std::string> Control(absl::string_view command);
   absl::StatusOr<nlohmann::json> Node(absl::string_view name);  // get-node
   absl::StatusOr<nlohmann::json> Events();                      // every stored Event
+  absl::StatusOr<nlohmann::json> Slices();                      // every stored ResourceSlice, by name
 
   std::vector<KubeApiRequest> Log() const;
   // Requests whose method matches ("" = any), whose path starts with path_prefix and whose status matches

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
-Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts and GET
-of one admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy(Binding) by name on
+Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
+of one admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy(Binding) by name, and resource.k8s.io/v1
+ResourceSlices (list with the spec.nodeName/spec.driver field selectors, create, update, delete, validated as
+kube-apiserver validates them) on
 127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
 body) before the response is sent, so a test that sees the line knows the server decided.
@@ -30,6 +32,8 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   delete-admission KIND NAME      it is gone: 404 naming it, as kube-apiserver answers for a missing object
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
+  slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
+  delete-slices NODE              what a kubelet does at its start: every ResourceSlice of NODE is deleted
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
 """
 import argparse
@@ -42,10 +46,16 @@ import socket
 import ssl
 import sys
 import threading
+import urllib.parse
 import uuid
 
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SLICE_MAX_DEVICES = 128
+SLICE_MAX_ATTRIBUTES = 32  # attributes + capacities of one device
+ATTRIBUTE_MAX_STRING = 64
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 NOTE_LIMIT = 1024
@@ -114,6 +124,7 @@ class State:
         self.denied = set()  # (verb, "resource.group")
         self.admission = {"validatingadmissionpolicies": {}, "validatingadmissionpolicybindings": {}}
         self.admission_served = True
+        self.slices = {}  # name -> resource.k8s.io/v1 ResourceSlice
         self.faults = []
         self.released = threading.Event()
         self.rv = 100
@@ -195,6 +206,83 @@ def validate_conditions(node):
                 raise ApiError(400, "BadRequest", f"status.conditions.{field}: not RFC3339")
 
 
+def invalid_slice(message):
+    return ApiError(422, "Invalid", f"ResourceSlice.resource.k8s.io is invalid: {message}")
+
+
+def validate_slice(obj):
+    """The checks of kube-apiserver's ResourceSlice validation that a node-local driver can run into."""
+    if not isinstance(obj, dict) or obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
+        raise ApiError(400, "BadRequest", "expected apiVersion resource.k8s.io/v1, kind ResourceSlice")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise invalid_slice("spec: Required value")
+    driver = spec.get("driver")
+    if not isinstance(driver, str) or not DNS_SUBDOMAIN.match(driver) or len(driver) > 63:
+        raise invalid_slice(f"spec.driver: Invalid value: {driver!r}: a lowercase DNS subdomain of at most 63 characters")
+    pool = spec.get("pool") or {}
+    if not isinstance(pool.get("name"), str) or not pool["name"]:
+        raise invalid_slice("spec.pool.name: Required value")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        raise invalid_slice("spec.pool.generation: Invalid value: must be greater than or equal to 0")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        raise invalid_slice("spec.pool.resourceSliceCount: Invalid value: must be greater than zero")
+    selectors = [key for key in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(key)]
+    if len(selectors) != 1:
+        raise invalid_slice("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                            "`perDeviceNodeSelection` is required")
+    devices = spec.get("devices") or []
+    if len(devices) > SLICE_MAX_DEVICES:
+        raise invalid_slice(f"spec.devices: Too many: {len(devices)}: must have at most {SLICE_MAX_DEVICES} items")
+    names = set()
+    for i, device in enumerate(devices):
+        where = f"spec.devices[{i}]"
+        name = device.get("name")
+        if not isinstance(name, str) or not DNS_LABEL.match(name) or len(name) > 63:
+            raise invalid_slice(f"{where}.name: Invalid value: {name!r}: a lowercase RFC 1123 label")
+        if name in names:
+            raise invalid_slice(f"{where}.name: Duplicate value: {name!r}")
+        names.add(name)
+        attributes = device.get("attributes") or {}
+        if len(attributes) + len(device.get("capacity") or {}) > SLICE_MAX_ATTRIBUTES:
+            raise invalid_slice(f"{where}: Too many: attributes and capacities must be at most {SLICE_MAX_ATTRIBUTES}")
+        for key, value in attributes.items():
+            if not QUALIFIED_NAME.match(key):
+                raise invalid_slice(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
+            kinds = [k for k in ("int", "bool", "string", "version") if k in value]
+            if len(kinds) != 1 or len(value) != 1:
+                raise invalid_slice(f"{where}.attributes[{key}]: Invalid value: exactly one value must be specified")
+            kind = kinds[0]
+            if kind == "int" and (not isinstance(value[kind], int) or isinstance(value[kind], bool)) or \
+                    kind == "bool" and not isinstance(value[kind], bool) or \
+                    kind in ("string", "version") and not isinstance(value[kind], str):
+                raise ApiError(400, "BadRequest", f"{where}.attributes[{key}].{kind}: wrong type")
+            if kind == "string" and len(value[kind]) > ATTRIBUTE_MAX_STRING:
+                raise invalid_slice(f"{where}.attributes[{key}].string: Too long: may not be more than "
+                                    f"{ATTRIBUTE_MAX_STRING} bytes")
+            if kind == "version" and not re.match(r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$", value[kind]):
+                raise invalid_slice(f"{where}.attributes[{key}].version: Invalid value: must be a semantic version")
+        for j, taint in enumerate(device.get("taints") or []):
+            if taint.get("effect") not in ("NoSchedule", "NoExecute", "None"):
+                raise invalid_slice(f"{where}.taints[{j}].effect: Unsupported value: {taint.get('effect')!r}")
+            if not isinstance(taint.get("key"), str) or not QUALIFIED_NAME.match(taint["key"]):
+                raise invalid_slice(f"{where}.taints[{j}].key: Invalid value: not a qualified name")
+
+
+def field_selector(path):
+    """{field: value} of a list request's fieldSelector (only `=`/`==` terms, as the agent sends)."""
+    query = path.split("?", 1)[1] if "?" in path else ""
+    terms = {}
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key != "fieldSelector":
+            continue
+        for term in urllib.parse.unquote(value).split(","):
+            field, _, wanted = term.replace("==", "=").partition("=")
+            terms[field] = wanted
+    return terms
+
+
 def make_handler(state):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -213,6 +301,9 @@ def make_handler(state):
 
         def do_PUT(self):
             self.handle_api("PUT")
+
+        def do_DELETE(self):
+            self.handle_api("DELETE")
 
         def handle_api(self, method):
             path = self.path.split("?", 1)[0]
@@ -313,7 +404,77 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", f'{parts[3]}.admissionregistration.k8s.io "{parts[4]}" not found',
                                    details={"name": parts[4], "group": "admissionregistration.k8s.io", "kind": parts[3]})
                 return 200, obj
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "resourceslices"] and len(parts) in (4, 5):
+                return self.resource_slice(method, parts[4] if len(parts) == 5 else None, content_type, body)
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+        def resource_slice(self, method, name, content_type, body):
+            verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+            if verb is None or (name is None) != (verb in ("create", "list")):
+                raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            self.authorize(verb, "resourceslices", "resource.k8s.io", name)
+            if verb == "list":
+                wanted = field_selector(self.path)
+                unknown = set(wanted) - {"spec.nodeName", "spec.driver", "metadata.name"}
+                if unknown:
+                    raise ApiError(400, "BadRequest", f'field label not supported: {sorted(unknown)[0]}')
+                def selected(obj):
+                    values = {"spec.nodeName": obj["spec"].get("nodeName", ""), "spec.driver": obj["spec"]["driver"],
+                              "metadata.name": obj["metadata"]["name"]}
+                    return all(values[field] == value for field, value in wanted.items())
+                items = [obj for _, obj in sorted(state.slices.items()) if selected(obj)]
+                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                             "metadata": {"resourceVersion": str(state.rv)}, "items": items}
+            if verb == "get":
+                if name not in state.slices:
+                    raise ApiError(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+                return 200, state.slices[name]
+            if verb == "delete":
+                existing = state.slices.get(name)
+                if existing is None:
+                    raise ApiError(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+                preconditions = (body or {}).get("preconditions") or {}
+                for field in ("uid", "resourceVersion"):
+                    if field in preconditions and preconditions[field] != existing["metadata"][field]:
+                        raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.resource.k8s.io '
+                                                        f'"{name}": the precondition on {field} failed')
+                del state.slices[name]
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if content_type != "application/json":
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
+            validate_slice(body)
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            for device in obj["spec"].get("devices") or []:
+                for taint in device.get("taints") or []:
+                    taint.setdefault("timeAdded", now_rfc3339())
+            if verb == "create":
+                if not meta.get("name"):
+                    if not meta.get("generateName"):
+                        raise invalid_slice("metadata.name: Required value: name or generateName is required")
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                if meta["name"] in state.slices:
+                    raise ApiError(409, "AlreadyExists", f'resourceslices.resource.k8s.io "{meta["name"]}" already exists')
+                meta.update({"uid": str(uuid.uuid4()), "resourceVersion": state.next_rv(),
+                             "creationTimestamp": now_rfc3339()})
+                state.slices[meta["name"]] = obj
+                return 201, obj
+            existing = state.slices.get(name)
+            if existing is None:
+                raise ApiError(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+            if meta.get("name") != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            if meta.get("resourceVersion") != existing["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "{name}": '
+                                                "the object has been modified; please apply your changes to the latest "
+                                                "version and try again")
+            if obj["spec"].get("nodeName") != existing["spec"].get("nodeName") or \
+                    obj["spec"]["driver"] != existing["spec"]["driver"]:
+                raise invalid_slice("spec.nodeName: Invalid value: field is immutable")
+            meta.update({"uid": existing["metadata"]["uid"], "resourceVersion": state.next_rv(),
+                         "creationTimestamp": existing["metadata"]["creationTimestamp"]})
+            state.slices[name] = obj
+            return 200, obj
 
         @staticmethod
         def authorize(verb, resource, group, name=None):
@@ -445,6 +606,10 @@ def control(state, line):
             state.admission[collection].pop(args[1], None)
         elif command == "admission-api" and args in (["on"], ["off"]):
             state.admission_served = args[0] == "on"
+        elif command == "slices":
+            return "OK " + json.dumps([obj for _, obj in sorted(state.slices.items())])
+        elif command == "delete-slices" and len(args) == 1:
+            state.slices = {name: obj for name, obj in state.slices.items() if obj["spec"].get("nodeName") != args[0]}
         elif command in ("deny", "allow") and len(args) == 2 and "." in args[1]:
             (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
         else:
