@@ -131,7 +131,7 @@ int Kernel::MdevCreate(const std::string& key, absl::string_view data) {
 }
 
 // remove_store(): kstrtoul (EINVAL), 0 does nothing. While the mdev's group is open NVIDIA's module refuses
-// with EBUSY (kernels since 5.13 instead block in vfio_unregister_group_dev() until the VM closes it).
+// with EBUSY (current kernels instead block in vfio_unregister_group_dev() until the VM closes it).
 int Kernel::MdevRemove(const std::string& uuid, absl::string_view data) {
   unsigned long flag = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(data), &flag)) return EINVAL;
