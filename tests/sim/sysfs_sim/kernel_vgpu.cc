@@ -154,13 +154,11 @@ int Kernel::CurrentVgpuType(const std::string& bdf, absl::string_view data) {
     err = ENODEV;
   } else if (!absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(data), &type) || type < 0) {
     err = EINVAL;
-  } else if (vf->vgpu_type != 0 && GroupOpen(vf->spec.iommu_group)) {
-    err = EBUSY;
+  } else if (vf->vgpu_type != 0 && (type != 0 || GroupOpen(vf->spec.iommu_group))) {
+    err = EBUSY;  // a VF keeps its type until 0 is written, and while a VM holds it even then
   } else if (type == 0) {
     vf->vgpu_type = 0;
     vf->vfio_index = -1;
-  } else if (vf->vgpu_type != 0) {
-    err = EBUSY;
   } else {
     const auto creatable = CreatableTypes(state_, *vf);
     const bool listed = std::any_of(creatable.begin(), creatable.end(),
