@@ -184,6 +184,69 @@ void SysfsTree::BindDriver(const std::string& bdf, const std::string& driver) {
   Link(dir, driver_dir / bdf);
 }
 
+void SysfsTree::AddMdevParent(const std::string& bdf, const std::vector<FakeMdevType>& types) {
+  const stdfs::path& dir = RelativeDir(bdf);
+  MakeDirs(root_ / "class/mdev_bus");
+  Link(dir, stdfs::path("class/mdev_bus") / bdf);
+  for (const FakeMdevType& type : types) {
+    const stdfs::path type_dir = root_ / dir / "mdev_supported_types" / type.id;
+    MakeDirs(type_dir / "devices");
+    WriteFile(type_dir / "name", type.name + "\n");
+    WriteFile(type_dir / "available_instances", absl::StrFormat("%d\n", type.available_instances));
+    WriteFile(type_dir / "device_api", "vfio-pci\n");
+    WriteFile(type_dir / "description", type.description + "\n");
+    WriteFile(type_dir / "create", "");
+  }
+}
+
+void SysfsTree::AddMdev(const FakeMdev& mdev) {
+  if (!mdevs_.emplace(mdev.uuid, mdev).second) Die("duplicate mdev", root_, mdev.uuid);
+  const stdfs::path parent = RelativeDir(mdev.parent);
+  const stdfs::path dir = parent / mdev.uuid;
+  const stdfs::path type_dir = parent / "mdev_supported_types" / mdev.type_id;
+  const stdfs::path group = stdfs::path("kernel/iommu_groups") / std::to_string(mdev.iommu_group);
+  const stdfs::path driver = "bus/mdev/drivers/nvidia-vgpu-vfio";
+  for (const stdfs::path& d : {root_ / dir, root_ / group / "devices", root_ / "bus/mdev/devices", root_ / driver}) {
+    MakeDirs(d);
+  }
+  Link(type_dir, dir / "mdev_type");
+  Link(group, dir / "iommu_group");
+  Link(driver, dir / "driver");
+  Link("bus/mdev", dir / "subsystem");
+  WriteFile(root_ / dir / "remove", "");
+  WriteFile(root_ / dir / "uevent", "DRIVER=nvidia-vgpu-vfio\nMDEV_TYPE=" + mdev.type_id + "\n");
+  Link(dir, type_dir / "devices" / mdev.uuid);
+  Link(dir, stdfs::path("bus/mdev/devices") / mdev.uuid);
+  Link(dir, group / "devices" / mdev.uuid);
+}
+
+void SysfsTree::RemoveMdev(const std::string& uuid) {
+  auto it = mdevs_.find(uuid);
+  if (it == mdevs_.end()) Die("unknown mdev", root_, uuid);
+  const FakeMdev& mdev = it->second;
+  const stdfs::path parent = root_ / RelativeDir(mdev.parent);
+  std::error_code ec;
+  stdfs::remove_all(parent / uuid, ec);
+  CheckEc(ec, "remove", parent / uuid);
+  RemoveIfPresent(parent / "mdev_supported_types" / mdev.type_id / "devices" / uuid);
+  RemoveIfPresent(root_ / "bus/mdev/devices" / uuid);
+  stdfs::remove_all(root_ / "kernel/iommu_groups" / std::to_string(mdev.iommu_group), ec);
+  CheckEc(ec, "remove", root_ / "kernel/iommu_groups" / std::to_string(mdev.iommu_group));
+  mdevs_.erase(it);
+}
+
+void SysfsTree::SetVgpuCatalog(const std::string& bdf, const std::vector<FakeVgpuType>& creatable) {
+  std::string text = "ID    : vGPU Name\n";
+  for (const FakeVgpuType& type : creatable) absl::StrAppendFormat(&text, "%-6d: %s\n", type.id, type.name);
+  MakeDirs(DeviceDir(bdf) / "nvidia");
+  WriteFile(DeviceDir(bdf) / "nvidia/creatable_vgpu_types", text);
+}
+
+void SysfsTree::SetCurrentVgpuType(const std::string& bdf, int type_id) {
+  MakeDirs(DeviceDir(bdf) / "nvidia");
+  WriteFile(DeviceDir(bdf) / "nvidia/current_vgpu_type", absl::StrFormat("%d\n", type_id));
+}
+
 void SysfsTree::WriteAttribute(const std::string& bdf, const std::string& name, std::string_view content) {
   const stdfs::path path = DeviceDir(bdf) / name;
   RemoveIfPresent(path);  // may be a symlink (driver, iommu_group) a test wants to replace with a file

@@ -17,6 +17,14 @@
 //   bus/pci/devices/<BDF> -> devices/.../<BDF>        (all symlinks are relative, as in the kernel)
 //   bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id} and <BDF> -> device dir; bus/pci/{drivers_probe,rescan}
 //   kernel/iommu_groups/<n>/devices/<BDF> -> device dir  (kernel/iommu_groups exists, empty, with IOMMU off)
+// vGPU (the same files the FUSE simulator serves, see tests/sim/sysfs_sim/README.md):
+//   class/mdev_bus/<parent BDF> -> device dir                         (AddMdevParent)
+//   <parent>/mdev_supported_types/<type id>/{name, available_instances, device_api, description, create, devices/}
+//   <parent>/<uuid>/{mdev_type -> type dir, iommu_group, driver -> bus/mdev/drivers/nvidia-vgpu-vfio,
+//       subsystem -> bus/mdev, remove, uevent}; bus/mdev/devices/<uuid>, kernel/iommu_groups/<n>/devices/<uuid>,
+//       <type dir>/devices/<uuid> -> the instance                  (AddMdev, RemoveMdev)
+//   <dev>/nvidia/creatable_vgpu_types ("ID    : vGPU Name\n" then "<id padded to 6>: <name>\n" lines) and
+//       <dev>/nvidia/current_vgpu_type ("0\n" or the id)             (SetVgpuCatalog, SetCurrentVgpuType)
 //
 // It is a plain tree: writing bind/unbind files does nothing. Use the FUSE simulator for kernel reactions.
 // Builder failures mean the test itself is broken, so they print the path and abort instead of returning.
@@ -66,6 +74,25 @@ struct FakePciDevice {
   bool modalias = true;                 // false: no modalias file (ids only in vendor, device, ...)
 };
 
+struct FakeMdevType {
+  std::string id{};    // "nvidia-230"
+  std::string name{};  // "GRID T4-1Q"
+  int available_instances = 0;
+  std::string description{};
+};
+
+struct FakeMdev {
+  std::string uuid{};    // lower case, as the kernel names it
+  std::string parent{};  // BDF passed to AddMdevParent before
+  std::string type_id{};
+  int iommu_group = 0;
+};
+
+struct FakeVgpuType {
+  int id = 0;          // 1414
+  std::string name{};  // "NVIDIA H200X-1-18C"
+};
+
 class SysfsTree {
  public:
   // Creates the skeleton (bus/pci/devices, bus/pci/drivers, kernel/iommu_groups, devices) under `root`.
@@ -83,6 +110,15 @@ class SysfsTree {
   // derives from the same values: the tree never shows ids that disagree.
   void WriteAttribute(const std::string& bdf, const std::string& name, std::string_view content);
   void RemoveAttribute(const std::string& bdf, const std::string& name);
+  // An mdev parent: the class/mdev_bus link and one directory per type, with the values given.
+  void AddMdevParent(const std::string& bdf, const std::vector<FakeMdevType>& types);
+  // An mdev instance on its parent, with its links on the mdev bus and in its IOMMU group.
+  void AddMdev(const FakeMdev& mdev);
+  void RemoveMdev(const std::string& uuid);
+  // SR-IOV vGPU attributes under <dev>/nvidia/: the types creatable now (none = the header only, a full card)
+  // and, for a VF, its current type (0 = no vGPU).
+  void SetVgpuCatalog(const std::string& bdf, const std::vector<FakeVgpuType>& creatable);
+  void SetCurrentVgpuType(const std::string& bdf, int type_id);
   // Absolute path of the device's real directory under devices/.
   std::filesystem::path DeviceDir(const std::string& bdf) const;
 
@@ -94,6 +130,7 @@ class SysfsTree {
   std::filesystem::path root_;
   std::map<std::string, std::filesystem::path> device_dirs_;  // BDF -> dir relative to root_
   std::map<std::string, int> vf_counts_;                      // PF BDF -> virtfn links so far
+  std::map<std::string, FakeMdev> mdevs_;                     // uuid -> instance
 };
 
 }  // namespace vfio_agent::testing

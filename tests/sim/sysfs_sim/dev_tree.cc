@@ -19,8 +19,7 @@ namespace {
 
 bool VfioLoaded(const KernelState& state) {
   const auto& missing = state.platform.missing_modules;
-  return std::any_of(state.drivers.begin(), state.drivers.end(), [](const std::string& d) { return IsVfioDriver(d); }) &&
-         std::find(missing.begin(), missing.end(), "vfio") == missing.end();
+  return VfioModuleLoaded(state) && std::find(missing.begin(), missing.end(), "vfio") == missing.end();
 }
 
 std::set<std::string> Wanted(const KernelState& state) {
@@ -30,7 +29,8 @@ std::set<std::string> Wanted(const KernelState& state) {
   if (state.iommu && state.platform.iommufd) want.insert("iommu");
   for (const auto& d : state.devices) {
     if (!d.present || d.driver.empty()) continue;
-    if (IsVfioDriver(d.driver)) {
+    // A VF with a vGPU type is a VFIO device of the nvidia driver itself (vendor-specific VFIO framework).
+    if (IsVfioDriver(d.driver) || d.vgpu_type != 0) {
       want.insert(absl::StrCat("vfio/", d.spec.iommu_group));
       want.insert(absl::StrCat("vfio/devices/vfio", d.vfio_index));
     } else if (d.driver == "nvidia" && d.nvidia_index >= 0) {
@@ -38,6 +38,7 @@ std::set<std::string> Wanted(const KernelState& state) {
       want.insert(absl::StrCat(IsNvSwitch(d.spec) ? "nvidia-nvswitch" : "nvidia", d.nvidia_index));
     }
   }
+  for (const auto& mdev : state.mdevs) want.insert(absl::StrCat("vfio/", mdev.iommu_group));
   return want;
 }
 

@@ -12,14 +12,14 @@
 #include "absl/strings/str_split.h"
 #include "dev_tree.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/binding/holders.h"
+#include "vgpu.h"
 
 namespace vfio_agent::sim {
 namespace {
 
 // sysfs_streq(): the kernel compares names ignoring a trailing newline; shells add one.
 std::string Arg(absl::string_view data) { return std::string(absl::StripTrailingAsciiWhitespace(data)); }
-
-std::string WithErr(std::string line, int err) { return err ? absl::StrCat(line, " ", ErrnoName(err)) : line; }
 
 bool ParseFlag(absl::string_view data, unsigned long& value) {  // kstrtoul()
   return absl::SimpleAtoi(absl::StripAsciiWhitespace(data), &value);
@@ -40,6 +40,7 @@ Kernel::Kernel(NodeSpec node, std::filesystem::path dev_root, std::filesystem::p
     dev.power_state = spec.power_state;
     dev.unbind_delay_ms = spec.unbind_delay_ms;
     dev.bind_errno = spec.bind_errno;
+    state_.first_dynamic_group = std::max(state_.first_dynamic_group, spec.iommu_group + 1);
     state_.devices.push_back(std::move(dev));
   }
   // Boot-time probe runs in bus order, which fixes the /dev/nvidiaN and vfioN numbering.
@@ -93,9 +94,13 @@ int Kernel::Write(Attr attr, const std::string& key, absl::string_view data) {
     case Attr::kRemove: err = Remove(key, data); break;
     case Attr::kReset:
       err = state_.FindPresent(key) ? 0 : ENODEV;
-      Log(WithErr("reset " + key, err));
+      Log(WithErrno("reset " + key, err));
       break;
     case Attr::kControl: err = Control(lock, data); break;
+    case Attr::kSriovNumvfs: err = SriovNumvfs(key, data); break;
+    case Attr::kMdevCreate: err = MdevCreate(key, data); break;
+    case Attr::kMdevRemove: err = MdevRemove(key, data); break;
+    case Attr::kCurrentVgpuType: err = CurrentVgpuType(key, data); break;
     case Attr::kConfig: err = EPERM; break;  // config writes are not modelled
     case Attr::kNone: err = EACCES; break;
   }
@@ -115,7 +120,7 @@ int Kernel::Bind(const std::string& driver, absl::string_view data) {
   } else {
     err = Probe(driver, *dev);
   }
-  Log(WithErr(absl::StrCat("bind ", bdf, " ", driver), err));
+  Log(WithErrno(absl::StrCat("bind ", bdf, " ", driver), err));
   return err;
 }
 
@@ -125,7 +130,7 @@ int Kernel::Unbind(std::unique_lock<std::mutex>& lock, const std::string& driver
   const std::string bdf = Arg(data);
   DeviceState* dev = state_.FindPresent(bdf);
   if (!dev || dev->driver != driver) {
-    Log(WithErr(absl::StrCat("unbind ", bdf, " ", driver), ENODEV));
+    Log(WithErrno(absl::StrCat("unbind ", bdf, " ", driver), ENODEV));
     return ENODEV;
   }
   if (dev->unbind_delay_ms != 0 && !shutdown_) {
@@ -138,7 +143,7 @@ int Kernel::Unbind(std::unique_lock<std::mutex>& lock, const std::string& driver
       wake_.wait_for(lock, std::chrono::milliseconds(dev->unbind_delay_ms), done);
     }
     if (shutdown_) {
-      Log(WithErr(absl::StrCat("unbind ", bdf, " ", driver), EINTR));
+      Log(WithErrno(absl::StrCat("unbind ", bdf, " ", driver), EINTR));
       return EINTR;
     }
     // Removed or rebound by someone else while we waited: the unbind has nothing left to do.
@@ -155,7 +160,7 @@ int Kernel::DriversProbe(absl::string_view data) {
   const std::string bdf = Arg(data);
   DeviceState* dev = state_.FindPresent(bdf);
   if (!dev) {
-    Log(WithErr("probe " + bdf, ENODEV));
+    Log(WithErrno("probe " + bdf, ENODEV));
     return ENODEV;
   }
   if (dev->driver.empty()) {
@@ -224,11 +229,11 @@ int Kernel::NewId(const std::string& driver, absl::string_view data, bool add) {
   const std::string line = absl::StrFormat("%s %s %04x %04x", add ? "new_id" : "remove_id", driver, vendor, device);
   if (!add) {
     int err = ids.erase(id) ? 0 : ENODEV;
-    Log(WithErr(line, err));
+    Log(WithErrno(line, err));
     return err;
   }
   if (!ids.insert(id).second) {
-    Log(WithErr(line, EEXIST));
+    Log(WithErrno(line, EEXIST));
     return EEXIST;
   }
   Log(line);
@@ -258,29 +263,47 @@ int Kernel::Probe(const std::string& driver, DeviceState& dev) {
   return 0;
 }
 
+namespace {
+
+template <typename Used>
+int LowestFree(const KernelState& state, const DeviceState& dev, Used used) {
+  for (int n = 0;; ++n) {
+    bool taken = false;
+    for (const auto& other : state.devices) taken |= (&other != &dev && used(other, n));
+    if (!taken) return n;
+  }
+}
+
+}  // namespace
+
+int Kernel::LowestFreeVfioIndex(const DeviceState& dev) const {
+  return LowestFree(state_, dev, [](const DeviceState& o, int n) { return o.vfio_index == n; });
+}
+
+// nvidia gives /dev/nvidiaN to GPUs and NVSwitches, not to the VFs a vGPU manager drives.
 void Kernel::Attach(const std::string& driver, DeviceState& dev) {
   dev.driver = driver;
-  auto lowest_free = [&](auto used) {
-    for (int n = 0;; ++n) {
-      bool taken = false;
-      for (const auto& other : state_.devices) taken |= (&other != &dev && used(other, n));
-      if (!taken) return n;
-    }
-  };
   if (IsVfioDriver(driver)) {
-    dev.vfio_index = lowest_free([](const DeviceState& o, int n) { return o.vfio_index == n; });
-  } else if (driver == "nvidia" && ((dev.spec.class_code >> 16) == 0x03 || IsNvSwitch(dev.spec))) {
+    dev.vfio_index = LowestFreeVfioIndex(dev);
+  } else if (driver == "nvidia" && dev.spec.physfn.empty() &&
+             ((dev.spec.class_code >> 16) == 0x03 || IsNvSwitch(dev.spec))) {
     const bool nvswitch = IsNvSwitch(dev.spec);
-    dev.nvidia_index = lowest_free([&](const DeviceState& o, int n) {
+    dev.nvidia_index = LowestFree(state_, dev, [&](const DeviceState& o, int n) {
       return o.nvidia_index == n && IsNvSwitch(o.spec) == nvswitch;
     });
   }
 }
 
+// A driver leaving a device takes what it created: the mdevs of a parent (mdev_unregister_parent()) and the
+// vGPU type of a VF.
 void Kernel::Detach(DeviceState& dev) {
   dev.driver.clear();
   dev.vfio_index = -1;
   dev.nvidia_index = -1;
+  dev.vgpu_type = 0;
+  state_.mdevs.erase(std::remove_if(state_.mdevs.begin(), state_.mdevs.end(),
+                                    [&](const MdevState& m) { return m.parent == dev.spec.bdf; }),
+                     state_.mdevs.end());
 }
 
 // Surprise or requested removal: the subtree below a bridge and the VFs of a PF go with it.
@@ -297,9 +320,10 @@ void Kernel::RemoveDevice(DeviceState& dev) {
 }
 
 // Removed devices come back as new pci_dev structs: no driver_override, probed by their default driver.
+// VFs made through sriov_numvfs stay away: a rescanned PF starts with SR-IOV disabled.
 void Kernel::RescanAll() {
   for (auto& dev : state_.devices) {
-    if (dev.present) continue;
+    if (dev.present || dev.created_vf) continue;
     dev.present = true;
     if (state_.HasDriver(dev.spec.default_driver)) Probe(dev.spec.default_driver, dev);
   }
@@ -314,6 +338,12 @@ void Kernel::WakeForConfigRead(const std::string& bdf) {
   dev->power_state = "D0";
   Log("wake " + bdf);
   Publish();
+}
+
+bool Kernel::GroupOpen(int group) const {
+  HostPaths paths;
+  paths.dev_root = dev_root_;
+  return !binding::VfioGroupOpeners(paths, group).empty();
 }
 
 void Kernel::Log(std::string line) { log_.push_back(std::move(line)); }

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,14 @@ class Kernel {
   int Rescan(absl::string_view data);
   int NewId(const std::string& driver, absl::string_view data, bool add);
   int Control(std::unique_lock<std::mutex>& lock, absl::string_view command);
+  int SriovNumvfs(const std::string& bdf, absl::string_view data);
+  int EnableVfs(DeviceState& pf, int count);
+  int MdevCreate(const std::string& key, absl::string_view data);
+  int MdevRemove(const std::string& uuid, absl::string_view data);
+  int CurrentVgpuType(const std::string& bdf, absl::string_view data);
+  // A process holds <dev_root>/vfio/<group> open (a running VM), found through /proc/<pid>/fd.
+  bool GroupOpen(int group) const;
+  int LowestFreeVfioIndex(const DeviceState& dev) const;
 
   bool Matches(const std::string& driver, const DeviceState& dev) const;
   int Probe(const std::string& driver, DeviceState& dev);  // 0 bound, else errno

@@ -23,6 +23,7 @@ constexpr std::pair<absl::string_view, int> kErrnos[] = {
     {"0", 0},           {"EPERM", EPERM},   {"ENOENT", ENOENT}, {"EIO", EIO},         {"ENXIO", ENXIO},
     {"EAGAIN", EAGAIN}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES}, {"EBUSY", EBUSY},     {"EEXIST", EEXIST},
     {"ENODEV", ENODEV}, {"EINVAL", EINVAL}, {"ENOSPC", ENOSPC}, {"ENOTSUP", ENOTSUP}, {"ETIMEDOUT", ETIMEDOUT},
+    {"ERANGE", ERANGE}, {"EUSERS", EUSERS},
 };
 
 absl::StatusOr<uint32_t> ParseHex(absl::string_view text, uint32_t max, absl::string_view field,
@@ -34,6 +35,38 @@ absl::StatusOr<uint32_t> ParseHex(absl::string_view text, uint32_t max, absl::st
     return absl::InvalidArgumentError(absl::StrCat("device ", bdf, ": bad hex ", field, " \"", text, "\""));
   }
   return value;
+}
+
+absl::StatusOr<VgpuSpec> ConvertVgpu(const v1::Vgpu& v, absl::string_view bdf) {
+  VgpuSpec spec;
+  const auto where = absl::StrCat("device ", bdf, ": vgpu: ");
+  if (v.framework().empty() && v.types().empty()) return spec;
+  if (v.framework() == "mdev") {
+    spec.framework = VgpuFramework::kMdev;
+  } else if (v.framework() == "mdev_vf") {
+    spec.framework = VgpuFramework::kMdevVf;
+  } else if (v.framework() == "sriov") {
+    spec.framework = VgpuFramework::kSriov;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(where, "framework is mdev, mdev_vf or sriov"));
+  }
+  if (v.has_one_type_at_a_time()) spec.one_type_at_a_time = v.one_type_at_a_time();
+  std::set<std::string> ids;
+  for (const auto& t : v.types()) {
+    int numeric = 0;
+    const bool id_ok = spec.framework == VgpuFramework::kSriov
+                           ? absl::SimpleAtoi(t.id(), &numeric) && numeric > 0
+                           : absl::StartsWith(t.id(), "nvidia-") && t.id().find('/') == std::string::npos;
+    if (!id_ok || t.name().empty() || t.max_instances() == 0 || t.max_instances() > 64 || !ids.insert(t.id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "type \"", t.id(),
+                                                     "\" needs a unique id (nvidia-<N> for mdev, a number > 0 for "
+                                                     "sriov), a name and max_instances 1-64"));
+    }
+    spec.types.push_back({t.id(), t.name(), static_cast<int>(t.max_instances()),
+                          t.description().empty() ? absl::StrCat("max_instance=", t.max_instances())
+                                                  : t.description()});
+  }
+  return spec;
 }
 
 absl::StatusOr<DeviceSpec> Convert(const v1::Device& d) {
@@ -96,6 +129,16 @@ absl::StatusOr<DeviceSpec> Convert(const v1::Device& d) {
   if (d.has_reset_method()) s.reset_method = d.reset_method();
   s.sriov_totalvfs = static_cast<int>(d.sriov_totalvfs());
   s.mdev = d.mdev();
+  if (auto vgpu = ConvertVgpu(d.vgpu(), s.bdf); vgpu.ok()) {
+    s.vgpu = *std::move(vgpu);
+  } else {
+    return vgpu.status();
+  }
+  if (d.has_sriov_vf_offset()) s.sriov_vf_offset = static_cast<int>(d.sriov_vf_offset());
+  if (d.has_sriov_vf_stride()) s.sriov_vf_stride = static_cast<int>(d.sriov_vf_stride());
+  if (s.sriov_vf_offset < 1 || s.sriov_vf_stride < 1 || s.sriov_totalvfs > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", s.bdf, ": sriov_vf_offset/stride >= 1, sriov_totalvfs <= 256"));
+  }
   return s;
 }
 
@@ -128,6 +171,13 @@ absl::Status Check(NodeSpec& node) {
     }
     if (!d.physfn.empty() && (!by_bdf.count(d.physfn) || d.physfn == d.bdf)) {
       return absl::InvalidArgumentError(absl::StrCat(where, "physfn ", d.physfn, " is not a device of this node"));
+    }
+    if (d.vgpu.framework != VgpuFramework::kNone && !d.physfn.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "vgpu belongs on the PF, not on a VF"));
+    }
+    if ((d.vgpu.framework == VgpuFramework::kMdevVf || d.vgpu.framework == VgpuFramework::kSriov) &&
+        d.sriov_totalvfs == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "vgpu framework needs sriov_totalvfs > 0"));
     }
     for (const auto& c : d.consumers) {
       if (!by_bdf.count(c) || c == d.bdf) {
@@ -173,6 +223,8 @@ std::string ErrnoName(int err) {
   }
   return absl::StrCat("E", err);
 }
+
+std::string WithErrno(std::string line, int err) { return err ? absl::StrCat(line, " ", ErrnoName(err)) : line; }
 
 absl::StatusOr<NodeSpec> ParseNode(absl::string_view json, absl::string_view origin) {
   v1::Node proto;

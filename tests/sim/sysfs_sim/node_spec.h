@@ -20,6 +20,21 @@ struct BarSpec {
   bool unassigned = false;
 };
 
+struct VgpuTypeSpec {
+  std::string id;  // mdev type dir ("nvidia-222") or SR-IOV type id ("1414")
+  std::string name;
+  int max_instances = 1;
+  std::string description;
+};
+
+enum class VgpuFramework { kNone, kMdev, kMdevVf, kSriov };
+
+struct VgpuSpec {
+  VgpuFramework framework = VgpuFramework::kNone;
+  std::vector<VgpuTypeSpec> types;
+  bool one_type_at_a_time = true;
+};
+
 struct DeviceSpec {
   std::string bdf;
   uint16_t vendor = 0;
@@ -46,6 +61,9 @@ struct DeviceSpec {
   std::string reset_method = "flr bus";  // "" = no reset method
   int sriov_totalvfs = 0;
   bool mdev = false;
+  VgpuSpec vgpu;
+  int sriov_vf_offset = 4;
+  int sriov_vf_stride = 1;
 
   bool IsBridge() const { return (header_type & 0x7f) == 1; }
 };
@@ -78,6 +96,8 @@ absl::StatusOr<NodeSpec> LoadNode(const std::filesystem::path& file);
 // "EBUSY" <-> 16; "0" is 0. Only the errnos a driver probe plausibly returns.
 std::optional<int> ErrnoFromName(absl::string_view name);
 std::string ErrnoName(int err);
+// A log line with the errno name appended when err != 0: "bind 0000:3b:00.0 vfio-pci EINVAL".
+std::string WithErrno(std::string line, int err);
 
 // "0000:3b:00.0" shape check (hex digits, separators).
 bool IsValidBdf(absl::string_view bdf);

@@ -24,6 +24,12 @@ bool KernelState::HasDriver(absl::string_view name) const {
 
 bool IsVfioDriver(absl::string_view driver) { return driver.find("vfio") != absl::string_view::npos; }
 
+bool VfioModuleLoaded(const KernelState& state) {
+  return std::any_of(state.drivers.begin(), state.drivers.end(), [](const std::string& d) { return IsVfioDriver(d); }) ||
+         std::any_of(state.devices.begin(), state.devices.end(),
+                     [](const DeviceState& d) { return d.spec.vgpu.framework != VgpuFramework::kNone; });
+}
+
 bool IsNvSwitch(const DeviceSpec& spec) { return spec.vendor == 0x10de && (spec.class_code >> 8) == 0x0680; }
 
 }  // namespace vfio_agent::sim

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -27,6 +28,16 @@ struct DeviceState {
   int vfio_index = -1;    // vfio-dev/vfioN and /dev/vfio/devices/vfioN while on a vfio driver
   int nvidia_index = -1;  // /dev/nvidiaN (GPUs) or /dev/nvidia-nvswitchN while on nvidia
   uint64_t releases = 0;  // bumped by `release <BDF>`; a blocked unbind waits for it to change
+  bool created_vf = false;  // a VF made by sriov_numvfs: gone for good when disabled, never back by rescan
+  int vgpu_type = 0;        // SR-IOV vGPU: nvidia/current_vgpu_type of a VF (0 = none)
+};
+
+// A mediated device (a vGPU of the mdev framework) on its parent function.
+struct MdevState {
+  std::string uuid;  // lower case, as the kernel names the device (%pUl)
+  std::string parent;
+  std::string type_id;
+  int iommu_group = -1;  // its own group, allocated when created
 };
 
 struct KernelState {
@@ -34,7 +45,10 @@ struct KernelState {
   PlatformSpec platform;
   std::vector<std::string> drivers;
   std::map<std::string, std::set<std::pair<uint16_t, uint16_t>>> dynamic_ids;  // driver -> new_id entries
-  std::vector<DeviceState> devices;  // parents before children
+  // Parents before children. A deque: a blocked unbind keeps a pointer to its device while VFs are added.
+  std::deque<DeviceState> devices;
+  std::vector<MdevState> mdevs;
+  int first_dynamic_group = 0;  // groups of new VFs and mdevs start here (above every group of the node file)
 
   DeviceState* Find(absl::string_view bdf);
   const DeviceState* Find(absl::string_view bdf) const;
@@ -46,5 +60,7 @@ struct KernelState {
 // /dev/vfio/<group>.
 bool IsVfioDriver(absl::string_view driver);
 bool IsNvSwitch(const DeviceSpec& spec);
+// The vfio module is loaded: a vfio driver is, or a vGPU manager (its vfio devices need it).
+bool VfioModuleLoaded(const KernelState& state);
 
 }  // namespace vfio_agent::sim

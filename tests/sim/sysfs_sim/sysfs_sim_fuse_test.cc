@@ -23,6 +23,7 @@
 #include "node_spec.h"
 #include "sim_process.h"
 #include "support/fuse.h"
+#include "support/holding_process.h"
 
 namespace vfio_agent::sim {
 namespace {
@@ -342,6 +343,98 @@ TEST_F(SysfsSimTest, ShellToolsWorkOnTheMount) {
   EXPECT_EQ(Shell("ls " + Sys().string() + "/kernel/iommu_groups/40/devices"), "0000:5d:00.0\n0000:5e:00.0\n");
   // A shell redirect opens with O_TRUNC; that must work as on sysfs.
   EXPECT_EQ(Shell("echo vfio-pci > " + dev + "/driver_override && cat " + dev + "/driver_override"), "vfio-pci\n");
+}
+
+TEST_F(SysfsSimTest, MdevsAreCreatedAndRemovedThroughTheirSysfsFiles) {
+  Start("vgpu-mdev-t4-a10.json");
+  const std::string uuid = "5b8f8c11-3a4d-4e0f-9c77-0f1e2d3c4b5a";
+  const fs::path type = Dev("0000:3b:00.0") / "mdev_supported_types/nvidia-234";  // GRID T4-16Q: one per card
+  EXPECT_EQ(fs::canonical(Sys() / "class/mdev_bus/0000:3b:00.0"), fs::canonical(Dev("0000:3b:00.0")));
+  EXPECT_EQ(ReadAttr(type / "name"), "GRID T4-16Q\n");
+  EXPECT_EQ(ReadAttr(type / "available_instances"), "1\n");
+  EXPECT_EQ(WriteAttr(type / "create", "not-a-uuid"), EINVAL);
+  ASSERT_EQ(WriteAttr(type / "create", uuid + "\n"), 0);
+  const fs::path mdev = Sys() / "bus/mdev/devices" / uuid;
+  ASSERT_TRUE(fs::is_symlink(mdev));
+  EXPECT_EQ(fs::canonical(mdev).parent_path(), fs::canonical(Dev("0000:3b:00.0")));  // the parent BDF from the link
+  EXPECT_EQ(ReadAttr(mdev / "mdev_type/name"), "GRID T4-16Q\n");
+  EXPECT_EQ(LinkName(mdev / "iommu_group"), "78");
+  EXPECT_EQ(LinkName(mdev / "driver"), "nvidia-vgpu-vfio");
+  EXPECT_TRUE(fs::exists(Sys() / "kernel/iommu_groups/78/devices" / uuid));
+  EXPECT_TRUE(fs::exists(DevRoot() / "vfio/78"));
+  EXPECT_EQ(ReadAttr(type / "available_instances"), "0\n");
+  EXPECT_EQ(WriteAttr(type / "create", uuid), EEXIST);
+  EXPECT_EQ(WriteAttr(type / "create", "5b8f8c11-3a4d-4e0f-9c77-0f1e2d3c4b5b"), EUSERS);
+  {
+    vfio_agent::testing::HoldingProcess vm(DevRoot() / "vfio/78");
+    EXPECT_EQ(WriteAttr(mdev / "remove", "1"), EBUSY);
+  }
+  EXPECT_EQ(WriteAttr(mdev / "remove", "1"), 0);
+  EXPECT_FALSE(fs::exists(mdev));
+  EXPECT_FALSE(fs::exists(DevRoot() / "vfio/78"));
+  EXPECT_EQ(ReadAttr(type / "available_instances"), "1\n");
+  // The parent's driver leaving removes its mdevs, as mdev_unregister_parent() does.
+  ASSERT_EQ(WriteAttr(type / "create", uuid), 0);
+  ASSERT_EQ(WriteAttr(Sys() / "bus/pci/drivers/nvidia/unbind", "0000:3b:00.0"), 0);
+  EXPECT_FALSE(fs::exists(mdev));
+  EXPECT_FALSE(fs::exists(Sys() / "class/mdev_bus/0000:3b:00.0"));
+  EXPECT_FALSE(fs::exists(DevRoot() / "vfio/78"));
+  EXPECT_THAT(sim_->Log(), ElementsAre("mdev-create 0000:3b:00.0 nvidia-234 not-a-uuid EINVAL",
+                                       "mdev-create 0000:3b:00.0 nvidia-234 " + uuid,
+                                       "mdev-create 0000:3b:00.0 nvidia-234 " + uuid + " EEXIST",
+                                       "mdev-create 0000:3b:00.0 nvidia-234 5b8f8c11-3a4d-4e0f-9c77-0f1e2d3c4b5b EUSERS",
+                                       "mdev-remove " + uuid + " EBUSY", "mdev-remove " + uuid,
+                                       "mdev-create 0000:3b:00.0 nvidia-234 " + uuid, "unbind 0000:3b:00.0 nvidia"));
+}
+
+TEST_F(SysfsSimTest, AmpereVfsComeAndGoWithSriovNumvfs) {
+  Start("vgpu-mdev-t4-a10.json");
+  const fs::path numvfs = Dev("0000:86:00.0") / "sriov_numvfs";
+  EXPECT_EQ(ReadAttr(Dev("0000:86:00.0") / "sriov_totalvfs"), "32\n");
+  EXPECT_EQ(WriteAttr(numvfs, "64"), ERANGE);
+  ASSERT_EQ(WriteAttr(numvfs, "2\n"), 0);
+  EXPECT_EQ(WriteAttr(numvfs, "3"), EBUSY);
+  for (const char* vf : {"0000:86:00.4", "0000:86:00.5"}) {
+    EXPECT_EQ(fs::canonical(Dev(vf) / "physfn"), fs::canonical(Dev("0000:86:00.0")));
+    EXPECT_EQ(LinkName(Dev(vf) / "driver"), "nvidia");
+    EXPECT_TRUE(fs::exists(Sys() / "class/mdev_bus" / vf));
+  }
+  EXPECT_EQ(fs::canonical(Dev("0000:86:00.0") / "virtfn1"), fs::canonical(Dev("0000:86:00.5")));
+  const std::string uuid = "5b8f8c11-3a4d-4e0f-9c77-0f1e2d3c4b5a";
+  ASSERT_EQ(WriteAttr(Dev("0000:86:00.5") / "mdev_supported_types/nvidia-595/create", uuid), 0);
+  EXPECT_EQ(ReadAttr(Dev("0000:86:00.4") / "mdev_supported_types/nvidia-595/available_instances"), "0\n");
+  EXPECT_TRUE(fs::exists(DevRoot() / "vfio/80"));
+  ASSERT_EQ(WriteAttr(numvfs, "0"), 0);
+  EXPECT_FALSE(fs::exists(Dev("0000:86:00.4")));
+  EXPECT_FALSE(fs::exists(Sys() / "bus/mdev/devices" / uuid));
+  EXPECT_FALSE(fs::exists(DevRoot() / "vfio/80"));
+  EXPECT_EQ(ReadAttr(numvfs), "0\n");
+}
+
+TEST_F(SysfsSimTest, SriovVgpuTypesAreSetThroughCurrentVgpuType) {
+  Start("vgpu-sriov-l40s-h200.json");
+  ASSERT_EQ(WriteAttr(Dev("0000:af:00.0") / "sriov_numvfs", "2"), 0);
+  const fs::path vf0 = Dev("0000:af:00.4"), vf1 = Dev("0000:af:00.5");
+  const std::string header = "ID    : vGPU Name\n";
+  EXPECT_THAT(ReadAttr(vf0 / "nvidia/creatable_vgpu_types"), ::testing::HasSubstr("1428  : NVIDIA H200X-141C\n"));
+  EXPECT_EQ(ReadAttr(vf0 / "nvidia/current_vgpu_type"), "0\n");
+  EXPECT_FALSE(fs::exists(DevRoot() / "vfio/91"));
+  ASSERT_EQ(WriteAttr(vf0 / "nvidia/current_vgpu_type", "1428"), 0);  // the whole card
+  EXPECT_EQ(ReadAttr(vf0 / "nvidia/current_vgpu_type"), "1428\n");
+  for (const fs::path& f : {Dev("0000:af:00.0"), vf0, vf1}) EXPECT_EQ(ReadAttr(f / "nvidia/creatable_vgpu_types"), header);
+  EXPECT_TRUE(fs::exists(DevRoot() / "vfio/91"));
+  EXPECT_EQ(ReadAttr(vf0 / "vfio-dev/vfio0/dev"), "511:0\n");
+  EXPECT_EQ(WriteAttr(vf1 / "nvidia/current_vgpu_type", "1428"), EINVAL);
+  {
+    vfio_agent::testing::HoldingProcess vm(DevRoot() / "vfio/91");
+    EXPECT_EQ(WriteAttr(vf0 / "nvidia/current_vgpu_type", "0"), EBUSY);
+  }
+  // A shell redirect (open with O_TRUNC, a trailing newline) works as on sysfs.
+  EXPECT_EQ(Shell("echo 0 > " + (vf0 / "nvidia/current_vgpu_type").string() + " && cat " +
+                  (vf0 / "nvidia/current_vgpu_type").string()),
+            "0\n");
+  EXPECT_FALSE(fs::exists(DevRoot() / "vfio/91"));
+  EXPECT_THAT(ReadAttr(vf1 / "nvidia/creatable_vgpu_types"), ::testing::HasSubstr("1428  : NVIDIA H200X-141C\n"));
 }
 
 }  // namespace

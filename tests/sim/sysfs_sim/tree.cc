@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "vgpu.h"
 
 namespace vfio_agent::sim {
 namespace {
@@ -123,6 +124,50 @@ std::string ResourceFile(const KernelState& state, const DeviceState& dev) {
   return out;
 }
 
+void AddMdev(Builder& b, const MdevState& mdev, const std::string& parent_dir) {
+  const std::string dir = parent_dir + "/" + mdev.uuid;
+  const std::string type_dir = parent_dir + "/mdev_supported_types/" + mdev.type_id;
+  const std::string group = absl::StrCat("/kernel/iommu_groups/", mdev.iommu_group);
+  b.Dir(dir);
+  b.Link(dir + "/mdev_type", type_dir);
+  b.Link(dir + "/iommu_group", group);
+  b.Link(dir + "/driver", absl::StrCat("/bus/mdev/drivers/", kMdevDriver));
+  b.Link(dir + "/subsystem", "/bus/mdev");
+  b.File(dir + "/remove", "", 0200, Attr::kMdevRemove, mdev.uuid);
+  b.File(dir + "/uevent", absl::StrCat("DRIVER=", kMdevDriver, "\nMDEV_TYPE=", mdev.type_id, "\n"), 0644);
+  b.Link(type_dir + "/devices/" + mdev.uuid, dir);
+  b.Link("/bus/mdev/devices/" + mdev.uuid, dir);
+  b.Link(absl::StrCat("/bus/mdev/drivers/", kMdevDriver, "/", mdev.uuid), dir);
+  b.File(group + "/type", "DMA\n", 0644);
+  b.Link(group + "/devices/" + mdev.uuid, dir);
+}
+
+// The vGPU manager's files: mdev types and instances on an mdev parent, nvidia/ attributes on an SR-IOV card.
+void AddVgpu(Builder& b, const KernelState& state, const DeviceState& dev, const std::string& dir) {
+  if (IsMdevParent(state, dev)) {
+    b.Link("/class/mdev_bus/" + dev.spec.bdf, dir);
+    for (const VgpuTypeSpec& type : CardOf(state, dev)->spec.vgpu.types) {
+      const std::string type_dir = dir + "/mdev_supported_types/" + type.id;
+      b.Dir(type_dir + "/devices");
+      b.File(type_dir + "/name", type.name + "\n", 0444);
+      b.File(type_dir + "/available_instances", absl::StrCat(AvailableInstances(state, dev, type), "\n"), 0444);
+      b.File(type_dir + "/device_api", "vfio-pci\n", 0444);
+      b.File(type_dir + "/description", type.description + "\n", 0444);
+      b.File(type_dir + "/create", "", 0200, Attr::kMdevCreate, absl::StrCat(dev.spec.bdf, "/", type.id));
+    }
+    for (const MdevState& mdev : state.mdevs) {
+      if (mdev.parent == dev.spec.bdf) AddMdev(b, mdev, dir);
+    }
+  }
+  if (HasSriovVgpuFiles(state, dev)) {
+    b.File(dir + "/nvidia/creatable_vgpu_types", CreatableVgpuTypesText(CreatableTypes(state, dev)), 0444);
+    if (!dev.spec.physfn.empty()) {
+      b.File(dir + "/nvidia/current_vgpu_type", absl::StrCat(dev.vgpu_type, "\n"), 0644, Attr::kCurrentVgpuType,
+             dev.spec.bdf);
+    }
+  }
+}
+
 void AddDevice(Builder& b, const KernelState& state, const DeviceState& dev) {
   const DeviceSpec& s = dev.spec;
   const std::string dir = DevicePath(state, dev);
@@ -150,12 +195,16 @@ void AddDevice(Builder& b, const KernelState& state, const DeviceState& dev) {
   for (const auto& other : state.devices) vfs += other.present && other.spec.physfn == s.bdf;
   if (s.sriov_totalvfs > 0 || vfs > 0) {
     b.File(dir + "/sriov_totalvfs", absl::StrCat(std::max(s.sriov_totalvfs, vfs), "\n"), 0444);
-    b.File(dir + "/sriov_numvfs", absl::StrCat(vfs, "\n"), 0644);
+    b.File(dir + "/sriov_numvfs", absl::StrCat(vfs, "\n"), 0644, Attr::kSriovNumvfs, s.bdf);
+    b.File(dir + "/sriov_offset", absl::StrCat(s.sriov_vf_offset, "\n"), 0444);
+    b.File(dir + "/sriov_stride", absl::StrCat(s.sriov_vf_stride, "\n"), 0444);
+    b.File(dir + "/sriov_vf_device", absl::StrFormat("%04x\n", s.device), 0444);
   }
   if (s.mdev) {
     b.Dir(dir + "/mdev_supported_types");
     b.Link("/class/mdev_bus/" + s.bdf, dir);
   }
+  AddVgpu(b, state, dev, dir);
   b.Link(dir + "/subsystem", "/bus/pci");
   if (!dev.driver.empty()) b.Link(dir + "/driver", "/bus/pci/drivers/" + dev.driver);
   if (state.iommu && s.iommu_group >= 0) {
@@ -287,9 +336,7 @@ std::shared_ptr<const Tree> BuildTree(const KernelState& state) {
   auto add_module = [&](const std::string& module) {
     if (!missing(module)) b.File("/module/" + module + "/refcnt", "0\n", 0444);
   };
-  const bool vfio_loaded = std::any_of(state.drivers.begin(), state.drivers.end(),
-                                       [](const std::string& d) { return IsVfioDriver(d); });
-  if (vfio_loaded) {
+  if (VfioModuleLoaded(state)) {
     add_module("vfio");
     add_module("vfio_iommu_type1");
     if (!missing("vfio_iommu_type1")) {
@@ -298,6 +345,17 @@ std::shared_ptr<const Tree> BuildTree(const KernelState& state) {
     }
   }
   for (const auto& module : platform.modules) add_module(module);
+  // An mdev-era vGPU manager loads the mdev core and its vendor module (an mdev_driver, not a PCI driver).
+  const bool mdev_host = std::any_of(state.devices.begin(), state.devices.end(), [](const DeviceState& d) {
+    return d.spec.vgpu.framework == VgpuFramework::kMdev || d.spec.vgpu.framework == VgpuFramework::kMdevVf;
+  });
+  if (mdev_host) {
+    b.Dir("/class/mdev_bus");
+    b.Dir("/bus/mdev/devices");
+    b.Dir(absl::StrCat("/bus/mdev/drivers/", kMdevDriver));
+    add_module("mdev");
+    add_module(ModuleName(kMdevDriver));
+  }
   for (const auto& driver : state.drivers) {
     const std::string dir = "/bus/pci/drivers/" + driver;
     b.File(dir + "/bind", "", 0200, Attr::kBind, driver);

@@ -26,6 +26,10 @@ enum class Attr {
   kReset,           // <dev>/reset
   kConfig,          // <dev>/config: opening it for reading wakes a device in D3cold (key = BDF)
   kControl,         // .sim/control
+  kSriovNumvfs,     // <dev>/sriov_numvfs, key = PF BDF
+  kMdevCreate,      // <parent>/mdev_supported_types/<type>/create, key = "<parent BDF>/<type id>"
+  kMdevRemove,      // <parent>/<uuid>/remove, key = uuid
+  kCurrentVgpuType, // <VF>/nvidia/current_vgpu_type, key = VF BDF
 };
 
 struct Entry {
