@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
@@ -43,7 +44,12 @@ struct ServeOptions {
   // so it is rare: an idle 8-GPU node then costs well under 2 ms of CPU per 20 s. Only a change that raises no
   // event (config space going dead without a uevent) waits for it.
   std::chrono::milliseconds rescan_interval{60000};
-  bool udev = true;  // libudev monitor of the pci subsystem; tests on a simulated sysfs turn it off
+  bool udev = true;  // libudev monitor of the pci and mdev subsystems; tests on a simulated sysfs turn it off
+  // vm-vgpu: the vGPUs are advertised (vgpu_devices.h) instead of the vfio-bound GPUs.
+  Workload workload = Workload::kVmPassthrough;
+  // vm-vgpu: where the SR-IOV cards' vGPU type catalogs are kept across restarts (vgpu/catalog.h); empty = in
+  // memory only, and a card full before the agent starts then has vGPUs whose names are unknown.
+  std::filesystem::path vgpu_catalog_file;
   bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
   std::filesystem::path cdi_dir = "/var/run/cdi";
   AgentObserver* observer = nullptr;  // not owned; must outlive the agent
