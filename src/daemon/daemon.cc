@@ -252,8 +252,12 @@ void Daemon::Impl::Stop() {
     // Before deregistering: the kubelet's capacity drops to 0 next, and a True condition must not outlive that.
     reporter_->SetCondition({.status = kube::ConditionStatus::kUnknown,
                              .reason = "AgentStopped",
-                             .message = "vfio-gpu-agent stopped; the GPUs stay bound to vfio-pci and the kubelet "
-                                        "advertises none until the agent runs again, which sets this condition anew"});
+                             .message = absl::StrCat(
+                                 "vfio-gpu-agent stopped; the ",
+                                 options_.serve.workload == Workload::kVmVgpu ? "vGPUs stay as they are"
+                                                                              : "GPUs stay bound to vfio-pci",
+                                 " and the kubelet advertises none until the agent runs again, which sets this "
+                                 "condition anew")});
     if (absl::Status status = reporter_->FlushCondition(options_.stop_report_timeout); !status.ok()) {
       spdlog::warn("run: AgentStopped condition not stored: {}", status.ToString());
     }

@@ -14,16 +14,13 @@ constexpr char kHeader[] = "# vfio-gpu-agent vGPU type catalog v1: <PF BDF> <ven
 constexpr char kNoVersion[] = "-";
 
 // Debian's abseil has its own string_view, which does not mix with std's: these few splits are done by hand.
-std::vector<std::string_view> Split(std::string_view text, char separator, size_t max_fields) {
-  std::vector<std::string_view> fields;
-  while (fields.size() + 1 < max_fields) {
-    const size_t at = text.find(separator);
-    if (at == std::string_view::npos) break;
-    fields.push_back(text.substr(0, at));
-    text.remove_prefix(at + 1);
+std::vector<std::string_view> Lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  for (size_t end; (end = text.find('\n')) != std::string_view::npos; text.remove_prefix(end + 1)) {
+    lines.push_back(text.substr(0, end));
   }
-  fields.push_back(text);
-  return fields;
+  lines.push_back(text);
+  return lines;
 }
 
 std::string_view Trim(std::string_view text) {
@@ -49,13 +46,19 @@ std::optional<uint16_t> ParseHex16(std::string_view text) {
 
 // "<bdf> <vvvv:dddd> <version|-> <id> <name...>"
 std::optional<std::pair<CardKey, std::pair<int, std::string>>> ParseLine(std::string_view line) {
-  std::vector<std::string_view> fields = Split(line, ' ', 5);
-  if (fields.size() != 5) return std::nullopt;
-  std::vector<std::string_view> ids = Split(fields[1], ':', 3);
-  if (ids.size() != 2) return std::nullopt;
-  std::optional<uint16_t> vendor = ParseHex16(ids[0]), device = ParseHex16(ids[1]);
+  std::string_view fields[4];
+  for (std::string_view& field : fields) {
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos) return std::nullopt;
+    field = line.substr(0, space);
+    line.remove_prefix(space + 1);
+  }
+  const size_t colon = fields[1].find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  std::optional<uint16_t> vendor = ParseHex16(fields[1].substr(0, colon));
+  std::optional<uint16_t> device = ParseHex16(fields[1].substr(colon + 1));
   std::optional<int> id = ParseTypeId(fields[3]);
-  std::string_view name = Trim(fields[4]);
+  std::string_view name = Trim(line);
   if (fields[0].empty() || !vendor || !device || !id || name.empty()) return std::nullopt;
   CardKey key{.pf_bdf = std::string(fields[0]), .vendor_id = *vendor, .device_id = *device,
               .driver_version = fields[2] == kNoVersion ? "" : std::string(fields[2])};
@@ -71,7 +74,7 @@ std::string CardKey::ToString() const {
 
 std::map<int, std::string> ParseCreatableTypes(std::string_view text) {
   std::map<int, std::string> types;
-  for (std::string_view line : Split(text, '\n', std::string_view::npos)) {
+  for (std::string_view line : Lines(text)) {
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;
     std::optional<int> id = ParseTypeId(Trim(line.substr(0, colon)));
@@ -92,7 +95,7 @@ absl::Status CatalogStore::Load() {
   if (!text.ok()) return text.status();
   std::map<CardKey, std::map<int, std::string>> cards;
   int number = 0;
-  for (std::string_view line : Split(*text, '\n', std::string_view::npos)) {
+  for (std::string_view line : Lines(*text)) {
     ++number;
     if (line.empty() || line.front() == '#') continue;
     auto entry = ParseLine(line);
