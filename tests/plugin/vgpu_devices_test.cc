@@ -1,11 +1,13 @@
 #include "vfio_gpu_agent/plugin/vgpu_devices.h"
 
 #include <fstream>
+#include <functional>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
+#include "test_devices.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 #include "vgpu/vgpu_tree.h"
@@ -75,14 +77,47 @@ class VgpuSnapshotTest : public ::testing::Test {
   }
 
   static PluginDevice Device(const VgpuSnapshot& s, const std::string& resource, const std::string& id) {
-    auto it = s.snapshot.resources.find(resource);
-    if (it == s.snapshot.resources.end()) {
-      ADD_FAILURE() << "no resource " << resource;
-      return {};
-    }
-    const PluginDevice* d = it->second.Find(id);
-    EXPECT_NE(d, nullptr) << id;
-    return d != nullptr ? *d : PluginDevice{};
+    return fixtures::DeviceIn(s.snapshot, resource, id);
+  }
+
+  // kHealthy, or why not.
+  static std::string State(const VgpuSnapshot& s, const std::string& resource, const std::string& id) {
+    const PluginDevice device = Device(s, resource, id);
+    return device.healthy ? kHealthy : device.unhealthy_reason;
+  }
+
+  // Healthy; Unhealthy with `reason` after `fault`; healthy again after `repair`.
+  void ExpectUnhealthyWhile(const std::string& resource, const std::string& id, const std::function<void()>& fault,
+                            const std::string& reason, const std::function<void()>& repair) {
+    EXPECT_EQ(State(Build(), resource, id), kHealthy);
+    fault();
+    EXPECT_EQ(State(Build(), resource, id), reason);
+    repair();
+    EXPECT_EQ(State(Build(), resource, id), kHealthy);
+  }
+
+  void ExpectGroupNodeRule(const std::string& resource, const std::string& id, int group) {
+    const std::string node = "vfio/" + std::to_string(group);
+    ExpectUnhealthyWhile(resource, id, [&] { RemoveNode(node); }, "no " + (paths_.dev_root / node).string(),
+                         [&] { Node(node); });
+  }
+
+  static void ExpectHealthy(const PluginDevice& device, const std::string& id, int group, std::optional<int> numa) {
+    EXPECT_EQ(device.id, id);
+    EXPECT_TRUE(device.healthy) << device.unhealthy_reason;
+    EXPECT_EQ(device.iommu_group, group);
+    EXPECT_EQ(device.numa_node, numa);
+  }
+
+  // The one resource a node of one vGPU type advertises, with nothing to report, its env name and id kind.
+  static const ResourceDevices& OnlyResource(const VgpuSnapshot& s, const std::string& resource,
+                                             const std::string& env_name, DeviceIdKind kind) {
+    EXPECT_THAT(s.problems, ::testing::IsEmpty());
+    EXPECT_EQ(s.snapshot.resources.size(), 1u);
+    const ResourceDevices& r = s.snapshot.resources.at(resource);
+    EXPECT_EQ(r.env_name, env_name);
+    EXPECT_EQ(r.id_kind, kind);
+    return r;
   }
 
   testing::TempDir dir_;
@@ -94,19 +129,12 @@ class VgpuSnapshotTest : public ::testing::Test {
 
 TEST_F(VgpuSnapshotTest, MdevsAreOneResourcePerTypeWithUuidIdsAndTheParentsNuma) {
   AddT4WithMdevs();
-  VgpuSnapshot s = Build();
-  EXPECT_THAT(s.problems, ::testing::IsEmpty());
-  ASSERT_EQ(s.snapshot.resources.size(), 1u);
-  const ResourceDevices& r = s.snapshot.resources.at(kT4_1Q);
-  EXPECT_EQ(r.env_name, "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q");
-  EXPECT_EQ(r.id_kind, DeviceIdKind::kMdevUuid);
+  const VgpuSnapshot s = Build();
+  const ResourceDevices& r =
+      OnlyResource(s, kT4_1Q, "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q", DeviceIdKind::kMdevUuid);
   ASSERT_EQ(r.devices.size(), 2u);
-  EXPECT_EQ(r.devices[0].id, kMdevA);
-  EXPECT_TRUE(r.devices[0].healthy) << r.devices[0].unhealthy_reason;
-  EXPECT_EQ(r.devices[0].iommu_group, 100);
-  EXPECT_EQ(r.devices[0].numa_node, 1);
-  EXPECT_EQ(r.devices[1].id, kMdevB);
-  EXPECT_EQ(r.devices[1].iommu_group, 101);
+  ExpectHealthy(r.devices[0], kMdevA, 100, 1);  // the parent's NUMA node
+  ExpectHealthy(r.devices[1], kMdevB, 101, 1);
 }
 
 TEST_F(VgpuSnapshotTest, MdevAllocateIsByteExact) {
@@ -144,17 +172,12 @@ TEST_F(VgpuSnapshotTest, MdevAllocateRefusesPciAddressesAndUnknownUuids) {
 
 TEST_F(VgpuSnapshotTest, SriovVgpusAreVfBdfsWithPciResourceEnvAndThePfsNuma) {
   AddL40sWithVgpus();
-  VgpuSnapshot s = Build();
-  EXPECT_THAT(s.problems, ::testing::IsEmpty());
-  ASSERT_EQ(s.snapshot.resources.size(), 1u);
-  const ResourceDevices& r = s.snapshot.resources.at(kL40s_1Q);
-  EXPECT_EQ(r.env_name, "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-1Q");
-  EXPECT_EQ(r.id_kind, DeviceIdKind::kPciAddress);
+  const VgpuSnapshot s = Build();
+  const ResourceDevices& r =
+      OnlyResource(s, kL40s_1Q, "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-1Q", DeviceIdKind::kPciAddress);
   ASSERT_EQ(r.devices.size(), 2u);
-  EXPECT_EQ(r.devices[0].id, kVf1);
-  EXPECT_TRUE(r.devices[0].healthy) << r.devices[0].unhealthy_reason;
-  EXPECT_EQ(r.devices[0].numa_node, 0);  // the PF's: the VF itself says -1
-  EXPECT_EQ(r.devices[0].iommu_group, 21);
+  ExpectHealthy(r.devices[0], kVf1, 21, 0);  // the PF's NUMA node: the VF itself says -1
+  ExpectHealthy(r.devices[1], kVf2, 22, 0);
   EXPECT_THAT(r.devices[0].vfio_cdevs, ::testing::ElementsAre("vfio3"));
 }
 
@@ -179,29 +202,18 @@ TEST_F(VgpuSnapshotTest, SriovAllocateIsByteExactWithAndWithoutIommufd) {
 
 TEST_F(VgpuSnapshotTest, MdevHealthGroupNodeParentDriverRemoval) {
   AddT4WithMdevs();
-  ASSERT_TRUE(Device(Build(), kT4_1Q, kMdevA).healthy);
+  ExpectGroupNodeRule(kT4_1Q, kMdevA, 100);
 
-  RemoveNode("vfio/100");
-  PluginDevice a = Device(Build(), kT4_1Q, kMdevA);
-  EXPECT_FALSE(a.healthy);
-  EXPECT_EQ(a.unhealthy_reason, "no " + (paths_.dev_root / "vfio/100").string());
-  Node("vfio/100");
-  EXPECT_TRUE(Device(Build(), kT4_1Q, kMdevA).healthy);
-
-  tree_.BindDriver(kT4Parent, "");
-  a = Device(Build(), kT4_1Q, kMdevA);
-  EXPECT_FALSE(a.healthy);
-  EXPECT_EQ(a.unhealthy_reason, "parent 0000:3b:00.0 lost its driver");
-  tree_.BindDriver(kT4Parent, "nvidia");
-  EXPECT_TRUE(Device(Build(), kT4_1Q, kMdevA).healthy);
+  ExpectUnhealthyWhile(
+      kT4_1Q, kMdevA, [&] { tree_.BindDriver(kT4Parent, ""); }, "parent 0000:3b:00.0 lost its driver",
+      [&] { tree_.BindDriver(kT4Parent, "nvidia"); });
 
   vt::RemoveMdev(tree_, kMdevA, kT4Parent);
+  const std::string removed = "mdev removed (no " + (tree_.root() / "bus/mdev/devices" / kMdevA).string() + ")";
   VgpuSnapshot s = Build();
-  a = Device(s, kT4_1Q, kMdevA);
-  EXPECT_FALSE(a.healthy);
-  EXPECT_EQ(a.unhealthy_reason, "mdev removed (no " + (tree_.root() / "bus/mdev/devices" / kMdevA).string() + ")");
-  EXPECT_TRUE(Device(s, kT4_1Q, kMdevB).healthy);
-  EXPECT_EQ(Device(Build(), kT4_1Q, kMdevA).unhealthy_reason, a.unhealthy_reason);  // stays listed
+  EXPECT_EQ(State(s, kT4_1Q, kMdevA), removed);
+  EXPECT_EQ(State(s, kT4_1Q, kMdevB), kHealthy);
+  EXPECT_EQ(State(Build(), kT4_1Q, kMdevA), removed);  // stays listed
 
   // A new mdev of the type: the vGPUs were recreated, the removed one is not coming back.
   vt::AddMdev(tree_, kMdevC, kT4Parent, "nvidia-222", 102);
@@ -216,27 +228,20 @@ TEST_F(VgpuSnapshotTest, MdevHealthGroupNodeParentDriverRemoval) {
 
 TEST_F(VgpuSnapshotTest, SriovHealthDriverTypeRetypeAndGroupNode) {
   AddL40sWithVgpus();
-  ASSERT_TRUE(Device(Build(), kL40s_1Q, kVf1).healthy);
+  ExpectGroupNodeRule(kL40s_1Q, kVf1, 21);
 
-  RemoveNode("vfio/21");
-  PluginDevice vf = Device(Build(), kL40s_1Q, kVf1);
-  EXPECT_FALSE(vf.healthy);
-  EXPECT_EQ(vf.unhealthy_reason, "no " + (paths_.dev_root / "vfio/21").string());
-  Node("vfio/21");
-
-  tree_.BindDriver(kVf1, "vfio-pci");
-  EXPECT_EQ(Device(Build(), kL40s_1Q, kVf1).unhealthy_reason, "driver vfio-pci");
-  tree_.BindDriver(kVf1, "nvidia");
-  EXPECT_TRUE(Device(Build(), kL40s_1Q, kVf1).healthy);
+  ExpectUnhealthyWhile(
+      kL40s_1Q, kVf1, [&] { tree_.BindDriver(kVf1, "vfio-pci"); }, "driver vfio-pci",
+      [&] { tree_.BindDriver(kVf1, "nvidia"); });
 
   vt::SetVgpuType(tree_, kVf1, "0\n");
-  EXPECT_EQ(Device(Build(), kL40s_1Q, kVf1).unhealthy_reason, "nvidia/current_vgpu_type is 0 (vGPU deleted)");
+  EXPECT_EQ(State(Build(), kL40s_1Q, kVf1), "nvidia/current_vgpu_type is 0 (vGPU deleted)");
 
   vt::SetVgpuType(tree_, kVf1, "1157\n");
-  VgpuSnapshot s = Build();
-  EXPECT_EQ(Device(s, kL40s_1Q, kVf1).unhealthy_reason, "retyped to NVIDIA L40S-4Q (type 1157)");
-  EXPECT_TRUE(Device(s, kL40s_4Q, kVf1).healthy);
-  EXPECT_TRUE(Device(s, kL40s_1Q, kVf2).healthy);
+  const VgpuSnapshot s = Build();
+  EXPECT_EQ(State(s, kL40s_1Q, kVf1), "retyped to NVIDIA L40S-4Q (type 1157)");
+  EXPECT_EQ(State(s, kL40s_4Q, kVf1), kHealthy);
+  EXPECT_EQ(State(s, kL40s_1Q, kVf2), kHealthy);
 }
 
 TEST_F(VgpuSnapshotTest, AnUnresolvedVfIsAProblemNeverAResource) {

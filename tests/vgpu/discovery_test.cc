@@ -49,6 +49,46 @@ class DiscoveryTest : public ::testing::Test {
     }
   }
 
+  std::filesystem::path StateFile() const { return dir_.path() / "state/vgpu-catalog.txt"; }
+
+  // A scan by an agent that then stops: what it read of the catalogs is left in the state file.
+  void ScanOnceKeepingState() {
+    CatalogStore catalog(StateFile());
+    ASSERT_TRUE(catalog.Load().ok());
+    ASSERT_TRUE(Run(catalog).ok());
+  }
+
+  // A scan by an agent started afresh, which knows only the state file.
+  Discovery RunAfterRestart() {
+    CatalogStore catalog(StateFile());
+    EXPECT_TRUE(catalog.Load().ok());
+    return Checked(Run(catalog));
+  }
+
+  // A scan with a catalog kept in memory only.
+  Discovery Scan() {
+    CatalogStore catalog("");
+    return Checked(Run(catalog));
+  }
+
+  // A scan that fails (the roots cannot be listed) fails the test.
+  static Discovery Checked(absl::StatusOr<Discovery> found) {
+    EXPECT_TRUE(found.ok()) << found.status();
+    return found.ok() ? *std::move(found) : Discovery{};
+  }
+
+  static std::vector<std::string> TypeNames(const Discovery& found) {
+    std::vector<std::string> names;
+    for (const SriovVgpu& vgpu : found.vgpus) names.push_back(vgpu.type_name);
+    return names;
+  }
+
+  static void ExpectClean(const Discovery& found, Framework framework) {
+    EXPECT_THAT(found.errors, IsEmpty());
+    ASSERT_TRUE(found.framework.ok()) << found.framework.status();
+    EXPECT_EQ(*found.framework, framework);
+  }
+
   // What a full card shows: every function's catalog is its header alone.
   void FillCard(const std::string& bus, int vfs) {
     SetCreatableTypes(tree_, "0000:" + bus + ":00.0", "ID    : vGPU Name\n");
@@ -76,13 +116,10 @@ TEST(IsMdevUuidTest, AcceptsOnlyTheKernelsForm) {
 
 TEST_F(DiscoveryTest, NoVgpusIsFrameworkNone) {
   tree_.AddDevice({.bdf = "0000:3b:00.0", .device = 0x1eb8, .driver = "vfio-pci", .iommu_group = 12});
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_EQ(*found->framework, Framework::kNone);
-  EXPECT_THAT(found->mdevs, IsEmpty());
-  EXPECT_THAT(found->vgpus, IsEmpty());
-  EXPECT_THAT(found->errors, IsEmpty());
+  const Discovery found = Scan();
+  ExpectClean(found, Framework::kNone);
+  EXPECT_THAT(found.mdevs, IsEmpty());
+  EXPECT_THAT(found.vgpus, IsEmpty());
 }
 
 TEST_F(DiscoveryTest, MdevParentsTypesAndInstances) {
@@ -90,28 +127,24 @@ TEST_F(DiscoveryTest, MdevParentsTypesAndInstances) {
   AddMdevParent(tree_, "0000:3b:00.0", {{"nvidia-222", "GRID T4-1Q", 14}, {"nvidia-223", "GRID T4-2Q", 0}});
   AddMdev(tree_, kUuidB, "0000:3b:00.0", "nvidia-222", 101);
   AddMdev(tree_, kUuidA, "0000:3b:00.0", "nvidia-222", 100);
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_THAT(found->errors, IsEmpty());
-  ASSERT_TRUE(found->framework.ok());
-  EXPECT_EQ(*found->framework, Framework::kMdev);
-  ASSERT_EQ(found->parents.size(), 1u);
-  EXPECT_EQ(found->parents[0].bdf, "0000:3b:00.0");
-  ASSERT_EQ(found->parents[0].types.size(), 2u);
-  EXPECT_EQ(found->parents[0].types[0].id, "nvidia-222");
-  EXPECT_EQ(found->parents[0].types[0].name, "GRID T4-1Q");
-  EXPECT_EQ(found->parents[0].types[0].available_instances, 14);
-  EXPECT_EQ(found->parents[0].types[1].name, "GRID T4-2Q");
-  EXPECT_EQ(found->parents[0].types[1].available_instances, 0);
-  ASSERT_EQ(found->mdevs.size(), 2u);
-  EXPECT_EQ(found->mdevs[0].uuid, kUuidA);
-  EXPECT_EQ(found->mdevs[0].parent_bdf, "0000:3b:00.0");
-  EXPECT_EQ(found->mdevs[0].type_id, "nvidia-222");
-  EXPECT_EQ(found->mdevs[0].type_name, "GRID T4-1Q");
-  EXPECT_EQ(found->mdevs[0].iommu_group, 100);
-  EXPECT_EQ(found->mdevs[1].uuid, kUuidB);
-  EXPECT_EQ(found->mdevs[1].iommu_group, 101);
+  const Discovery found = Scan();
+  ExpectClean(found, Framework::kMdev);
+  ASSERT_EQ(found.parents.size(), 1u);
+  EXPECT_EQ(found.parents[0].bdf, "0000:3b:00.0");
+  ASSERT_EQ(found.parents[0].types.size(), 2u);
+  EXPECT_EQ(found.parents[0].types[0].id, "nvidia-222");
+  EXPECT_EQ(found.parents[0].types[0].name, "GRID T4-1Q");
+  EXPECT_EQ(found.parents[0].types[0].available_instances, 14);
+  EXPECT_EQ(found.parents[0].types[1].name, "GRID T4-2Q");
+  EXPECT_EQ(found.parents[0].types[1].available_instances, 0);
+  ASSERT_EQ(found.mdevs.size(), 2u);
+  EXPECT_EQ(found.mdevs[0].uuid, kUuidA);
+  EXPECT_EQ(found.mdevs[0].parent_bdf, "0000:3b:00.0");
+  EXPECT_EQ(found.mdevs[0].type_id, "nvidia-222");
+  EXPECT_EQ(found.mdevs[0].type_name, "GRID T4-1Q");
+  EXPECT_EQ(found.mdevs[0].iommu_group, 100);
+  EXPECT_EQ(found.mdevs[1].uuid, kUuidB);
+  EXPECT_EQ(found.mdevs[1].iommu_group, 101);
 }
 
 TEST_F(DiscoveryTest, ABrokenMdevIsAnErrorOfThatMdevOnly) {
@@ -120,14 +153,12 @@ TEST_F(DiscoveryTest, ABrokenMdevIsAnErrorOfThatMdevOnly) {
   AddMdev(tree_, kUuidA, "0000:3b:00.0", "nvidia-222", 100);
   AddMdev(tree_, kUuidB, "0000:3b:00.0", "nvidia-222", 101);
   std::filesystem::remove(tree_.DeviceDir("0000:3b:00.0") / kUuidB / "mdev_type");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_EQ(found->mdevs.size(), 1u);
-  EXPECT_EQ(found->mdevs[0].uuid, kUuidA);
-  ASSERT_EQ(found->errors.size(), 1u);
-  EXPECT_EQ(found->errors[0].device, kUuidB);
-  EXPECT_THAT(std::string(found->errors[0].status.message()), HasSubstr(std::string(kUuidB) + "/mdev_type"));
+  const Discovery found = Scan();
+  ASSERT_EQ(found.mdevs.size(), 1u);
+  EXPECT_EQ(found.mdevs[0].uuid, kUuidA);
+  ASSERT_EQ(found.errors.size(), 1u);
+  EXPECT_EQ(found.errors[0].device, kUuidB);
+  EXPECT_THAT(std::string(found.errors[0].status.message()), HasSubstr(std::string(kUuidB) + "/mdev_type"));
 }
 
 TEST_F(DiscoveryTest, SriovVgpuIsANvidiaVfWithANonZeroTypeNamedFromItsCard) {
@@ -136,20 +167,16 @@ TEST_F(DiscoveryTest, SriovVgpuIsANvidiaVfWithANonZeroTypeNamedFromItsCard) {
   SetVgpuType(tree_, "0000:3b:00.5", "");                 // empty: no vGPU
   std::filesystem::remove(tree_.DeviceDir("0000:3b:00.6") / "nvidia/current_vgpu_type");  // missing: no vGPU
   SetVgpuType(tree_, "0000:3b:00.7", "1155");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_THAT(found->errors, IsEmpty());
-  ASSERT_TRUE(found->framework.ok());
-  EXPECT_EQ(*found->framework, Framework::kSriov);
-  ASSERT_EQ(found->vgpus.size(), 2u);
-  EXPECT_EQ(found->vgpus[0].bdf, "0000:3b:00.4");
-  EXPECT_EQ(found->vgpus[0].pf_bdf, "0000:3b:00.0");
-  EXPECT_EQ(found->vgpus[0].type_id, 1156);
-  EXPECT_EQ(found->vgpus[0].type_name, "NVIDIA L40S-2Q");
-  EXPECT_EQ(found->vgpus[1].bdf, "0000:3b:00.7");
-  EXPECT_EQ(found->vgpus[1].type_name, "NVIDIA L40S-1Q");
-  EXPECT_THAT(found->unresolved, IsEmpty());
+  const Discovery found = Scan();
+  ExpectClean(found, Framework::kSriov);
+  ASSERT_EQ(found.vgpus.size(), 2u);
+  EXPECT_EQ(found.vgpus[0].bdf, "0000:3b:00.4");
+  EXPECT_EQ(found.vgpus[0].pf_bdf, "0000:3b:00.0");
+  EXPECT_EQ(found.vgpus[0].type_id, 1156);
+  EXPECT_EQ(found.vgpus[0].type_name, "NVIDIA L40S-2Q");
+  EXPECT_EQ(found.vgpus[1].bdf, "0000:3b:00.7");
+  EXPECT_EQ(found.vgpus[1].type_name, "NVIDIA L40S-1Q");
+  EXPECT_THAT(found.unresolved, IsEmpty());
 }
 
 TEST_F(DiscoveryTest, OnlyNvidiaDriverVfsOfVendor10deCount) {
@@ -162,25 +189,21 @@ TEST_F(DiscoveryTest, OnlyNvidiaDriverVfsOfVendor10deCount) {
   tree_.AddDevice({.bdf = "0000:5e:00.2", .vendor = 0x15b3, .device = 0x101e, .class_code = 0x020000,
                    .driver = "nvidia", .iommu_group = 41, .physfn = "0000:5e:00.0"});
   SetVgpuType(tree_, "0000:5e:00.2", "1155");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_EQ(found->vgpus.size(), 1u);
-  EXPECT_EQ(found->vgpus[0].bdf, "0000:3b:00.4");
+  const Discovery found = Scan();
+  ASSERT_EQ(found.vgpus.size(), 1u);
+  EXPECT_EQ(found.vgpus[0].bdf, "0000:3b:00.4");
 }
 
 TEST_F(DiscoveryTest, AnUnreadableTypeIsAnErrorOfThatVfOnly) {
   AddCard("3b", 2, 20);
   SetVgpuType(tree_, "0000:3b:00.4", "banana\n");
   SetVgpuType(tree_, "0000:3b:00.5", "1157");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_EQ(found->vgpus.size(), 1u);
-  EXPECT_EQ(found->vgpus[0].type_name, "NVIDIA L40S-4Q");
-  ASSERT_EQ(found->errors.size(), 1u);
-  EXPECT_EQ(found->errors[0].device, "0000:3b:00.4");
-  EXPECT_EQ(found->errors[0].path, tree_.root() / "bus/pci/devices/0000:3b:00.4/nvidia/current_vgpu_type");
+  const Discovery found = Scan();
+  ASSERT_EQ(found.vgpus.size(), 1u);
+  EXPECT_EQ(found.vgpus[0].type_name, "NVIDIA L40S-4Q");
+  ASSERT_EQ(found.errors.size(), 1u);
+  EXPECT_EQ(found.errors[0].device, "0000:3b:00.4");
+  EXPECT_EQ(found.errors[0].path, tree_.root() / "bus/pci/devices/0000:3b:00.4/nvidia/current_vgpu_type");
 }
 
 TEST_F(DiscoveryTest, TypeIdsAreResolvedPerCard) {
@@ -188,77 +211,53 @@ TEST_F(DiscoveryTest, TypeIdsAreResolvedPerCard) {
   AddCard("5e", 1, 30, "ID : vGPU Name\n1155 : NVIDIA L40S-48Q\n");
   SetVgpuType(tree_, "0000:3b:00.4", "1155");
   SetVgpuType(tree_, "0000:5e:00.4", "1155");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_EQ(found->vgpus.size(), 2u);
-  EXPECT_EQ(found->vgpus[0].type_name, "NVIDIA L40S-1Q");
-  EXPECT_EQ(found->vgpus[1].type_name, "NVIDIA L40S-48Q");
+  const Discovery found = Scan();
+  EXPECT_THAT(TypeNames(found), ElementsAre("NVIDIA L40S-1Q", "NVIDIA L40S-48Q"));
 }
 
 TEST_F(DiscoveryTest, AFullCardStillResolvesFromThePersistedCatalog) {
-  const std::filesystem::path file = dir_.path() / "state/vgpu-catalog.txt";
   SetDriverVersion(tree_, "570.124.03");
   AddCard("3b", 2, 20);
-  {
-    CatalogStore catalog(file);
-    ASSERT_TRUE(catalog.Load().ok());
-    ASSERT_TRUE(Run(catalog).ok());  // the agent saw the catalog before the card filled
-  }
+  ScanOnceKeepingState();  // the agent saw the catalog before the card filled
   SetVgpuType(tree_, "0000:3b:00.4", "1157");
   SetVgpuType(tree_, "0000:3b:00.5", "1156");
   FillCard("3b", 2);
-  CatalogStore restarted(file);  // a new process: only the file remembers
-  ASSERT_TRUE(restarted.Load().ok());
-  absl::StatusOr<Discovery> found = Run(restarted);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_THAT(found->errors, IsEmpty());
-  EXPECT_THAT(found->unresolved, IsEmpty());
-  ASSERT_EQ(found->vgpus.size(), 2u);
-  EXPECT_EQ(found->vgpus[0].type_name, "NVIDIA L40S-4Q");
-  EXPECT_EQ(found->vgpus[1].type_name, "NVIDIA L40S-2Q");
+  const Discovery found = RunAfterRestart();
+  EXPECT_THAT(found.errors, IsEmpty());
+  EXPECT_THAT(found.unresolved, IsEmpty());
+  EXPECT_THAT(TypeNames(found), ElementsAre("NVIDIA L40S-4Q", "NVIDIA L40S-2Q"));
 }
 
 TEST_F(DiscoveryTest, ANewDriverVersionDoesNotReuseNamesAndTheVfIsReportedNotNamed) {
-  const std::filesystem::path file = dir_.path() / "state/vgpu-catalog.txt";
   SetDriverVersion(tree_, "570.124.03");
   AddCard("3b", 1, 20);
-  {
-    CatalogStore catalog(file);
-    ASSERT_TRUE(catalog.Load().ok());
-    ASSERT_TRUE(Run(catalog).ok());
-  }
+  ScanOnceKeepingState();
   SetDriverVersion(tree_, "580.65.06");
   SetVgpuType(tree_, "0000:3b:00.4", "1155");
   FillCard("3b", 1);
-  CatalogStore restarted(file);
-  ASSERT_TRUE(restarted.Load().ok());
-  absl::StatusOr<Discovery> found = Run(restarted);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_THAT(found->vgpus, IsEmpty());
-  ASSERT_EQ(found->unresolved.size(), 1u);
-  EXPECT_EQ(found->unresolved[0].bdf, "0000:3b:00.4");
-  EXPECT_EQ(found->unresolved[0].pf_bdf, "0000:3b:00.0");
-  EXPECT_EQ(found->unresolved[0].type_id, 1155);
-  EXPECT_THAT(found->unresolved[0].reason, HasSubstr("0000:3b:00.0 10de:26b9 580.65.06"));
+  const Discovery found = RunAfterRestart();
+  EXPECT_THAT(found.vgpus, IsEmpty());
+  ASSERT_EQ(found.unresolved.size(), 1u);
+  EXPECT_EQ(found.unresolved[0].bdf, "0000:3b:00.4");
+  EXPECT_EQ(found.unresolved[0].pf_bdf, "0000:3b:00.0");
+  EXPECT_EQ(found.unresolved[0].type_id, 1155);
+  EXPECT_THAT(found.unresolved[0].reason, HasSubstr("0000:3b:00.0 10de:26b9 580.65.06"));
   // The stale map is gone from the file too: a later downgrade does not bring back names read under 580.
-  CatalogStore reread(file);
+  CatalogStore reread(StateFile());
   ASSERT_TRUE(reread.Load().ok());
   EXPECT_EQ(reread.Lookup({"0000:3b:00.0", 0x10de, 0x26b9, "570.124.03"}, 1155), std::nullopt);
   // Still a vGPU node: an unresolved VF is an SR-IOV vGPU whose name is unknown.
-  EXPECT_EQ(*found->framework, Framework::kSriov);
+  EXPECT_EQ(*found.framework, Framework::kSriov);
 }
 
 TEST_F(DiscoveryTest, AVfOfACardNeverSeenWithACatalogIsUnresolved) {
   AddCard("3b", 1, 20);
   SetVgpuType(tree_, "0000:3b:00.4", "1155");
   FillCard("3b", 1);
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  EXPECT_THAT(found->vgpus, IsEmpty());
-  ASSERT_EQ(found->unresolved.size(), 1u);
-  EXPECT_THAT(found->unresolved[0].reason, HasSubstr("vGPU type 1155 of 0000:3b:00.4"));
+  const Discovery found = Scan();
+  EXPECT_THAT(found.vgpus, IsEmpty());
+  ASSERT_EQ(found.unresolved.size(), 1u);
+  EXPECT_THAT(found.unresolved[0].reason, HasSubstr("vGPU type 1155 of 0000:3b:00.4"));
 }
 
 TEST_F(DiscoveryTest, BothFrameworksOnOneNodeAreRefusedNamingDevices) {
@@ -266,13 +265,11 @@ TEST_F(DiscoveryTest, BothFrameworksOnOneNodeAreRefusedNamingDevices) {
   AddMdevParent(tree_, "0000:17:00.0", {{"nvidia-222", "GRID T4-1Q", 16}});
   AddCard("3b", 1, 20);
   SetVgpuType(tree_, "0000:3b:00.4", "1155");
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_FALSE(found->framework.ok());
-  EXPECT_EQ(found->framework.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(found->framework.status().message()), HasSubstr("mdev parents 0000:17:00.0"));
-  EXPECT_THAT(std::string(found->framework.status().message()), HasSubstr("SR-IOV vGPUs (nvidia/current_vgpu_type set) 0000:3b:00.4"));
+  const Discovery found = Scan();
+  ASSERT_FALSE(found.framework.ok());
+  EXPECT_EQ(found.framework.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(found.framework.status().message()), HasSubstr("mdev parents 0000:17:00.0"));
+  EXPECT_THAT(std::string(found.framework.status().message()), HasSubstr("SR-IOV vGPUs (nvidia/current_vgpu_type set) 0000:3b:00.4"));
 }
 
 TEST_F(DiscoveryTest, SriovVfsWithoutATypeBesideMdevsAreNotMixed) {
@@ -282,13 +279,10 @@ TEST_F(DiscoveryTest, SriovVfsWithoutATypeBesideMdevsAreNotMixed) {
                    .physfn = "0000:3b:00.0"});
   AddMdevParent(tree_, "0000:3b:00.4", {{"nvidia-592", "NVIDIA A10-4Q", 1}});
   AddMdev(tree_, kUuidA, "0000:3b:00.4", "nvidia-592", 200);
-  CatalogStore catalog("");
-  absl::StatusOr<Discovery> found = Run(catalog);
-  ASSERT_TRUE(found.ok()) << found.status();
-  ASSERT_TRUE(found->framework.ok()) << found->framework.status();
-  EXPECT_EQ(*found->framework, Framework::kMdev);
-  ASSERT_EQ(found->mdevs.size(), 1u);
-  EXPECT_EQ(found->mdevs[0].parent_bdf, "0000:3b:00.4");
+  const Discovery found = Scan();
+  ExpectClean(found, Framework::kMdev);
+  ASSERT_EQ(found.mdevs.size(), 1u);
+  EXPECT_EQ(found.mdevs[0].parent_bdf, "0000:3b:00.4");
 }
 
 TEST(CatalogStoreTest, SavesAtomicallyAndLoadsBack) {
