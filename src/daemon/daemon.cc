@@ -106,6 +106,9 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
     kubelet_restarts_.fetch_add(1);
     wakeup_.Notify();
   }
+  void OnVgpuProblem(const std::string& problem) override {
+    Event(kube::EventType::kWarning, "VgpuNotAdvertised", "Discovering", problem);
+  }
 
   // fabric::FabricObserver: one event per partition change, on the node the VM runs on.
   void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override {

@@ -469,7 +469,9 @@ absl::StatusOr<DeviceSnapshot> Agent::Impl::BuildVgpu(const pci::Inventory& inve
   // Each problem once, while it lasts: the safety rescan must not repeat them every minute.
   std::set<std::string> problems(built.problems.begin(), built.problems.end());
   for (const std::string& problem : problems) {
-    if (!vgpu_problems_.contains(problem)) spdlog::warn("vGPU: {}", problem);
+    if (vgpu_problems_.contains(problem)) continue;
+    spdlog::warn("vGPU: {}", problem);
+    if (options_.observer != nullptr) options_.observer->OnVgpuProblem(problem);
   }
   for (const std::string& problem : vgpu_problems_) {
     if (!problems.contains(problem)) spdlog::info("vGPU: no longer: {}", problem);

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <functional>
+#include <mutex>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -321,6 +322,41 @@ TEST_F(VgpuAgentTest, RemembersSriovNamesAcrossARestartWhenTheCardIsFull) {
   const DeviceSnapshot s = second.Snapshot();
   ASSERT_EQ(s.resources.count(kL40s_1Q), 1u);
   EXPECT_EQ(s.resources.at(kL40s_1Q).devices.size(), 2u);
+}
+
+class ProblemRecorder final : public AgentObserver {
+ public:
+  void OnAllocate(const std::string&, bool, std::chrono::nanoseconds) override {}
+  void OnKubeletRestart() override {}
+  void OnVgpuProblem(const std::string& problem) override {
+    std::lock_guard lock(mu_);
+    problems_.push_back(problem);
+  }
+  std::vector<std::string> problems() const {
+    std::lock_guard lock(mu_);
+    return problems_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> problems_;
+};
+
+TEST_F(VgpuAgentTest, AnUnresolvedVfIsReportedToTheObserverOnceWhileItLasts) {
+  AddL40sWithVgpus();
+  vt::SetVgpuType(tree_, kVf2, "1414\n");
+  ProblemRecorder recorder;
+  ServeOptions options = Options();
+  options.observer = &recorder;
+  Agent agent(options);
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_EQ(recorder.problems().size(), 1u);
+  EXPECT_THAT(recorder.problems()[0], ::testing::HasSubstr("vGPU type 1414 of 0000:5e:00.5"));
+  // Another scan (seen through a change it brings) does not report it again.
+  RemoveNode("vfio/21");
+  EXPECT_TRUE(testing::WaitUntil([&] { return !agent.Snapshot().resources.at(kL40s_1Q).devices[0].healthy; }));
+  EXPECT_EQ(recorder.problems().size(), 1u);
+  agent.Stop();
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ class AgentObserver {
   virtual void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) = 0;
   // kubelet.sock was re-created or our socket removed: the kubelet restarted and we re-register.
   virtual void OnKubeletRestart() = 0;
+  // vm-vgpu: a reason a vGPU is not advertised appeared (a type whose name is unknown, an unreadable device, both
+  // frameworks on the node); once per problem while it lasts. Called on the scan thread.
+  virtual void OnVgpuProblem(const std::string& problem) {}
 };
 
 struct ServeOptions {
