@@ -89,7 +89,7 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
   out.envs[resource.env_name] = absl::StrJoin(requested, ",");
   // Same order as the peer plugin per device: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu]. An mdev
   // gets its own group node only, as KubeVirt's in-tree mdev plugin hands out (never the whole /dev/vfio).
-  const bool iommufd = config.iommufd && !mdev;
+  const bool iommufd = resource.IommufdNodes(config.iommufd);
   std::set<std::string> seen;
   for (const std::string& id : requested) {
     const PluginDevice& device = *resource.Find(id);

@@ -11,6 +11,7 @@
 #include "test_devices.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
+#include "vfio_gpu_agent/plugin/cdi.h"
 #include "vgpu/vgpu_tree.h"
 
 namespace vfio_agent::plugin {
@@ -158,6 +159,14 @@ TEST_F(VgpuSnapshotTest, MdevAllocateIsByteExact) {
   EXPECT_EQ(one->envs.at("MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q"), kMdevB);
   EXPECT_EQ(one->devices, (std::vector<DeviceNode>{{"/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"},
                                                    {"/dev/vfio/101", "/dev/vfio/101", "mrw"}}));
+}
+
+TEST_F(VgpuSnapshotTest, MdevCdiSpecHasTheGroupNodeOnlyAsAllocate) {
+  AddT4WithMdevs();
+  const ResourceDevices r = Build().snapshot.resources.at(kT4_1Q);
+  const std::string json = CdiSpecJson(r, /*host_iommufd=*/true);
+  EXPECT_THAT(json, ::testing::HasSubstr("/dev/vfio/100"));
+  EXPECT_THAT(json, ::testing::Not(::testing::HasSubstr("/dev/iommu")));
 }
 
 TEST_F(VgpuSnapshotTest, MdevAllocateRefusesPciAddressesAndUnknownUuids) {

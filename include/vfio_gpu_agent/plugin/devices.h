@@ -49,6 +49,8 @@ struct ResourceDevices {
   DeviceIdKind id_kind = DeviceIdKind::kPciAddress;
 
   const PluginDevice* Find(std::string_view id) const;
+  // Whether a VM given these devices gets the iommufd nodes (cdevs, /dev/iommu) on a host that has them.
+  bool IommufdNodes(bool host_iommufd) const { return host_iommufd && id_kind != DeviceIdKind::kMdevUuid; }
   bool operator==(const ResourceDevices&) const = default;
 };
 
