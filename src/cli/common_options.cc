@@ -17,6 +17,9 @@ std::vector<FlagSpec> CommonFlagSpecs() {
       {"vendor", "HEX", "PCI vendor id to manage", "10de"},
       {"classes", "LIST", "comma-separated hex PCI class prefixes to manage", "0300,0302"},
       {"nvswitches", "", "also manage NVSwitch functions (class 0680)", "off"},
+      {"workload", "MODE",
+       "vm-passthrough (whole GPUs on vfio-pci) or vm-vgpu (mdev or SR-IOV vGPUs; nothing is bound)",
+       "vm-passthrough"},
       {"resource-domain", "DOMAIN", "domain of the extended resource names", "nvidia.com"},
       {"resource-name", "VID:DID=NAME", "resource name override for a device id", "", true},
       {"resource-name-file", "FILE", "file of VID:DID=NAME lines, one override per line", ""},
@@ -56,6 +59,10 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
     options.policy.classes = *std::move(classes);
   }
   options.policy.include_nvswitches = flags.GetBool("nvswitches");
+
+  absl::StatusOr<Workload> workload = ParseWorkload(flags.Get("workload", "vm-passthrough"));
+  if (!workload.ok()) return absl::InvalidArgumentError(absl::StrCat("--workload: ", workload.status().message()));
+  options.workload = *workload;
 
   options.resource_domain = flags.Get("resource-domain", "nvidia.com");
   if (absl::Status domain = names::ValidateResourceDomain(options.resource_domain); !domain.ok()) {

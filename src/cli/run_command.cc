@@ -117,7 +117,8 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
           "nothing is ever unbound), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
           "Prometheus metrics, the validator's status files and the GPUPassthroughReady node condition and\n"
           "events report the node's state. Refuses a node the GPU Operator still manages. Runs until SIGTERM,\n"
-          "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0.",
+          "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0. With --workload vm-vgpu nothing is bound\n"
+          "or unbound: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type.",
           RunFlags(), args, out, &cmd)) {
     return *exit;
   }

@@ -19,6 +19,9 @@ std::vector<FlagSpec> ServeFlags() {
        "the kubelet's pod-resources socket (which devices pods hold: readiness, partition release)",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
       {"fabric-interval", "MS", "with --fabric-manager: how often FM is read and unheld partitions released", "5000"},
+      {"state-dir", "DIR",
+       "kept across restarts: the vGPU type catalogs of SR-IOV cards (vm-vgpu; a full card lists no names)",
+       "/var/lib/vfio-gpu-agent"},
   };
   for (FlagSpec& spec : FabricFlags()) specs.push_back(std::move(spec));
   return specs;
@@ -81,6 +84,13 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   absl::StatusOr<fabric::FabricOptions> fabric = FabricOptionsFromFlags(cmd);
   if (!fabric.ok()) return fabric.status();
   options.fabric = *std::move(fabric);
+  options.workload = cmd.common.workload;
+  options.vgpu_catalog_file =
+      std::filesystem::path(cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt";
+  if (options.workload == Workload::kVmVgpu && !options.fabric.address.empty()) {
+    return absl::InvalidArgumentError(
+        "--fabric-manager is the shared-NVSwitch mode of vm-passthrough; --workload vm-vgpu does not use it");
+  }
   options.fabric_library = cmd.flags.Get("fabric-library", "libnvfm.so.1");
   const std::string fabric_interval = cmd.flags.Get("fabric-interval", "5000");
   int fabric_ms = 0;
@@ -97,7 +107,8 @@ int RunServe(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
   if (auto exit = ParseCommand("serve",
                                "Advertises every vfio-bound GPU to the kubelet (Device Plugin API v1beta1), one resource\n"
-                               "per name, and keeps the device list live. Runs until SIGTERM; never unbinds anything.",
+                               "per name, and keeps the device list live (--workload vm-vgpu: every vGPU, one resource per\n"
+                               "vGPU type). Runs until SIGTERM; never binds or unbinds anything.",
                                ServeFlags(), args, out, &cmd)) {
     return *exit;
   }

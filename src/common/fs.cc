@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 
@@ -140,6 +141,27 @@ absl::Status WriteAttribute(const std::filesystem::path& path, std::string_view 
   if (n < 0) return ErrnoStatus(err, absl::StrCat("write \"", std::string(data), "\" to"), path);
   if (static_cast<size_t>(n) != data.size()) {
     return absl::InternalError(absl::StrCat("short write to ", path.string(), ": ", n, " of ", data.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content) {
+  std::string temp = (path.parent_path() / absl::StrCat(".", path.filename().string(), ".XXXXXX")).string();
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) return ErrnoStatus(errno, "create temporary file in", path.parent_path());
+  int err = 0;
+  for (size_t written = 0; written < content.size() && err == 0;) {
+    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) written += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(temp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    return ErrnoStatus(err, "write", path);
   }
   return absl::OkStatus();
 }

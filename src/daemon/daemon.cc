@@ -106,6 +106,9 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
     kubelet_restarts_.fetch_add(1);
     wakeup_.Notify();
   }
+  void OnVgpuProblem(const std::string& problem) override {
+    Event(kube::EventType::kWarning, "VgpuNotAdvertised", "Discovering", problem);
+  }
 
   // fabric::FabricObserver: one event per partition change, on the node the VM runs on.
   void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override {
@@ -143,9 +146,20 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   // One pass: coexistence (while refused), bind what is due, then readiness and everything it feeds.
   absl::Status Pass();
   absl::Status PassOnce();
+  // vm-vgpu: nothing is bound; the plugin serves the vGPUs and readiness is the kubelet's side of them.
+  absl::Status PassVgpu(Clock::time_point start);
   std::optional<Readiness> RefusalNow(const std::vector<std::string>& resource_names);
+  // While the node is refused: publishes the refusal and schedules the next check (true); else clears it.
+  bool StillRefused(const std::vector<std::string>& resource_names);
+  // The end of every pass: settle and publish `readiness`, the kubelet-restart event, the next pass's time.
+  void Conclude(Readiness readiness, Clock::time_point start);
   // True when a bind was attempted (the host changed).
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  // What the kubelet must see: every id of `required` advertised and healthy, every resource with devices
+  // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
+  std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
+                                           const plugin::DeviceSnapshot& served);
+  Readiness EvaluateVgpu();
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
   void Settle(Readiness* readiness);
@@ -241,8 +255,12 @@ void Daemon::Impl::Stop() {
     // Before deregistering: the kubelet's capacity drops to 0 next, and a True condition must not outlive that.
     reporter_->SetCondition({.status = kube::ConditionStatus::kUnknown,
                              .reason = "AgentStopped",
-                             .message = "vfio-gpu-agent stopped; the GPUs stay bound to vfio-pci and the kubelet "
-                                        "advertises none until the agent runs again, which sets this condition anew"});
+                             .message = absl::StrCat(
+                                 "vfio-gpu-agent stopped; the ",
+                                 options_.serve.workload == Workload::kVmVgpu ? "vGPUs stay as they are"
+                                                                              : "GPUs stay bound to vfio-pci",
+                                 " and the kubelet advertises none until the agent runs again, which sets this "
+                                 "condition anew")});
     if (absl::Status status = reporter_->FlushCondition(options_.stop_report_timeout); !status.ok()) {
       spdlog::warn("run: AgentStopped condition not stored: {}", status.ToString());
     }
@@ -337,6 +355,7 @@ absl::Status Daemon::Impl::Pass() {
 
 absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
+  if (options_.serve.workload == Workload::kVmVgpu) return PassVgpu(start);
   const HostPaths& paths = options_.serve.paths;
   const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};
   absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths.sysfs_root, scan_options);
@@ -351,13 +370,7 @@ absl::Status Daemon::Impl::PassOnce() {
         paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
     std::vector<std::string> resource_names;
     for (const auto& [name, devices] : named.resources) resource_names.push_back(name);
-    if (std::optional<Readiness> refusal = RefusalNow(resource_names)) {
-      next_coexistence_ = Clock::now() + options_.coexistence_recheck;
-      next_pass_ = next_coexistence_;
-      Publish(*refusal);
-      return absl::OkStatus();
-    }
-    refused_ = false;
+    if (StillRefused(resource_names)) return absl::OkStatus();
   }
 
   const bool attempted = BindDue(*inventory, selection);
@@ -376,11 +389,39 @@ absl::Status Daemon::Impl::PassOnce() {
   }
   const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
       paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
-  Readiness readiness = Evaluate(*inventory, selection, expected);
+  PublishDevices(selection, expected);
+  Conclude(Evaluate(*inventory, selection, expected), start);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
+  // vGPU names come from the agent's discovery (its catalogs): before it serves, the operator's labels and
+  // NVIDIA's own plugin sockets are what tells another manager apart.
+  if (refused_ && StillRefused({})) return absl::OkStatus();
+  if (!serving_) {
+    if (absl::Status status = agent_->Start(); !status.ok()) return status;
+    serving_ = true;
+  }
+  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  PublishDevices(pci::Selection{}, served);
+  Conclude(EvaluateVgpu(), start);
+  return absl::OkStatus();
+}
+
+bool Daemon::Impl::StillRefused(const std::vector<std::string>& resource_names) {
+  if (std::optional<Readiness> refusal = RefusalNow(resource_names)) {
+    next_coexistence_ = Clock::now() + options_.coexistence_recheck;
+    next_pass_ = next_coexistence_;
+    Publish(*refusal);
+    return true;
+  }
+  refused_ = false;
+  return false;
+}
+
+void Daemon::Impl::Conclude(Readiness readiness, Clock::time_point start) {
   Settle(&readiness);
   Publish(readiness);
-  PublishDevices(selection, expected);
-
   const int restarts = kubelet_restarts_.load();
   if (restarts != restarts_reported_) {
     restarts_reported_ = restarts;
@@ -395,7 +436,6 @@ absl::Status Daemon::Impl::PassOnce() {
   } else {
     next_pass_ = Clock::now() + options_.not_ready_interval;
   }
-  return absl::OkStatus();
 }
 
 bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
@@ -517,8 +557,38 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
     }
   }
   const plugin::DeviceSnapshot served = agent_->Snapshot();
+  if (std::optional<Readiness> failing = ServedReadiness(view, gpus, served)) return *failing;
+  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
+          .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
+                                  absl::StrJoin(gpus, ","))};
+}
+
+// A vGPU's health is not the node's readiness: vGPUs come and go with the profile config (a removed one stays
+// listed Unhealthy for a while), and each change is an event of its own (PublishDevices).
+Readiness Daemon::Impl::EvaluateVgpu() {
+  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  int healthy = 0, unhealthy = 0;
+  for (const auto& [name, resource] : served.resources) {
+    for (const plugin::PluginDevice& device : resource.devices) ++(device.healthy ? healthy : unhealthy);
+  }
+  if (healthy + unhealthy == 0) {
+    metrics_.SetValidation(host_checks_);
+    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices",
+            .message = "no vGPU on this node (none created yet); nothing to advertise"};
+  }
+  const validation::NodeView view{.paths = options_.serve.paths, .inventory = nullptr, .selection = nullptr,
+                                  .expected = &served};
+  if (std::optional<Readiness> failing = ServedReadiness(view, {}, served)) return *failing;
+  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
+          .message = absl::StrCat(healthy, " vGPUs healthy, registered and allocatable in ", served.resources.size(),
+                                  " resources", unhealthy == 0 ? "" : absl::StrCat("; ", unhealthy, " unhealthy"))};
+}
+
+std::optional<Readiness> Daemon::Impl::ServedReadiness(const validation::NodeView& view,
+                                                       const std::vector<std::string>& required,
+                                                       const plugin::DeviceSnapshot& served) {
   std::vector<std::string> missing, unhealthy;
-  for (const std::string& bdf : gpus) {
+  for (const std::string& bdf : required) {
     const plugin::PluginDevice* device = nullptr;
     for (const auto& [name, resource] : served.resources) {
       if ((device = resource.Find(bdf)) != nullptr) break;
@@ -531,12 +601,12 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   }
   if (!missing.empty()) {
     metrics_.SetValidation(host_checks_);
-    return {.ready = false, .check_id = "plugin.advertised", .reason = "DeviceNotAdvertised",
+    return Readiness{.ready = false, .check_id = "plugin.advertised", .reason = "DeviceNotAdvertised",
             .message = absl::StrCat("plugin.advertised: bound but not advertised yet: ", absl::StrJoin(missing, ","))};
   }
   if (!unhealthy.empty()) {
     metrics_.SetValidation(host_checks_);
-    return {.ready = false, .check_id = "plugin.healthy", .reason = "DeviceUnhealthy",
+    return Readiness{.ready = false, .check_id = "plugin.healthy", .reason = "DeviceUnhealthy",
             .message = absl::StrCat("plugin.healthy: ", absl::StrJoin(unhealthy, "; "))};
   }
   std::vector<std::string> unregistered;
@@ -551,7 +621,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   }
   if (!unregistered.empty()) {
     metrics_.SetValidation(host_checks_);
-    return {.ready = false, .check_id = "plugin.registered", .reason = "NotRegistered",
+    return Readiness{.ready = false, .check_id = "plugin.registered", .reason = "NotRegistered",
             .message = absl::StrCat("plugin.registered: not registered with the kubelet: ",
                                     absl::StrJoin(unregistered, ","))};
   }
@@ -575,12 +645,10 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   metrics_.SetValidation(checks);
   for (const validation::Check& check : kubelet) {
     if (check.result != validation::Result::kFail) continue;
-    return {.ready = false, .check_id = check.id, .reason = "NotAllocatable",
-            .message = absl::StrCat(check.id, ": ", check.subject, ": ", check.message)};
+    return Readiness{.ready = false, .check_id = check.id, .reason = "NotAllocatable",
+                     .message = absl::StrCat(check.id, ": ", check.subject, ": ", check.message)};
   }
-  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
-          .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
-                                  absl::StrJoin(gpus, ","))};
+  return std::nullopt;
 }
 
 // Layers 1-2 of the validator, run again only when a managed function changed driver (they read sysfs and

@@ -21,6 +21,13 @@ bool IsGoSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\f' 
 
 bool IsDnsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
 
+// KubeVirt's ResourceNameToEnvVar behind a prefix: upper-case, '/' and '.' -> '_', everything else kept.
+std::string KubevirtEnvVar(std::string_view prefix, std::string_view resource_name) {
+  std::string out(prefix);
+  for (char c : resource_name) out.push_back(c == '/' || c == '.' ? '_' : absl::ascii_toupper(c));
+  return out;
+}
+
 absl::Status ValidateDnsSubdomain(std::string_view domain) {
   if (domain.empty()) return absl::InvalidArgumentError("the domain is empty");
   if (domain.size() > kMaxDomain) {
@@ -132,10 +139,30 @@ absl::Status ValidateExtendedResourceName(std::string_view resource_name) {
   return absl::OkStatus();
 }
 
-std::string KubevirtEnvName(std::string_view resource_name) {
-  std::string out = "PCI_RESOURCE_";
-  for (char c : resource_name) out.push_back(c == '/' || c == '.' ? '_' : absl::ascii_toupper(c));
-  return out;
+std::string KubevirtEnvName(std::string_view resource_name) { return KubevirtEnvVar("PCI_RESOURCE_", resource_name); }
+
+std::string KubevirtMdevEnvName(std::string_view resource_name) {
+  return KubevirtEnvVar("MDEV_PCI_RESOURCE_", resource_name);
+}
+
+absl::StatusOr<std::string> VgpuResourceName(std::string_view domain, std::string_view type_name) {
+  std::string name;
+  bool in_space = false;
+  for (char c : type_name) {
+    if (IsGoSpace(c)) {
+      in_space = true;
+      continue;
+    }
+    if (in_space && !name.empty()) name.push_back('_');
+    in_space = false;
+    name.push_back(c);
+  }
+  std::string resource_name = absl::StrCat(AsAbsl(domain), "/", name);
+  if (absl::Status valid = ValidateExtendedResourceName(resource_name); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vGPU type \"", AsAbsl(type_name), "\" gives no valid resource name: ", valid.message()));
+  }
+  return resource_name;
 }
 
 const std::map<uint16_t, std::string>& PinnedNames() {

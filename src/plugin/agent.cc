@@ -31,6 +31,8 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
+#include "vfio_gpu_agent/plugin/vgpu_devices.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 #include "watchers.h"
 
 namespace vfio_agent::plugin {
@@ -147,7 +149,8 @@ class Agent::Impl {
       : options_(std::move(options)),
         kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
                                                         : options_.kubelet_socket),
-        names_(options_.pci_ids, options_.domain, options_.overrides) {
+        names_(options_.pci_ids, options_.domain, options_.overrides),
+        catalog_(options_.vgpu_catalog_file) {
     if (!options_.fabric.address.empty()) {
       const fabric::NvfmOptions nvfm{.address = options_.fabric.address, .library = options_.fabric_library};
       fabric_ = std::make_unique<fabric::PartitionManager>(
@@ -182,6 +185,9 @@ class Agent::Impl {
   void ScanLoop();
   void RequestScan();
   std::optional<DeviceSnapshot> BuildFromSysfs();
+  // The snapshot of one scan in the configured workload mode; only the scanner (and Start, before it) calls it.
+  absl::StatusOr<DeviceSnapshot> Build(const pci::Inventory& inventory);
+  absl::StatusOr<DeviceSnapshot> BuildVgpu(const pci::Inventory& inventory);
   // A GPU Fabric Manager does not vouch for is Unhealthy: in the VM its CUDA would fail (error 802).
   void MarkFabric(DeviceSnapshot& snapshot) const;
   // Releases partitions no pod holds and follows FM's state; a change of what FM vouches for rescans.
@@ -231,6 +237,10 @@ class Agent::Impl {
   std::condition_variable fabric_cv_;
   bool scan_requested_ = false;
   std::set<std::string> remembered_;
+  vgpu::CatalogStore catalog_;
+  DeviceSnapshot vgpu_previous_;
+  vgpu::Framework vgpu_framework_ = vgpu::Framework::kNone;
+  std::set<std::string> vgpu_problems_;
 };
 
 absl::Status Agent::Impl::Start() {
@@ -247,6 +257,12 @@ absl::Status Agent::Impl::Start() {
                    options_.rescan_interval.count());
     }
   }
+  if (options_.workload == Workload::kVmVgpu) {
+    if (absl::Status loaded = catalog_.Load(); !loaded.ok()) {
+      spdlog::warn("vGPU: {}; starting with no remembered catalog (rewritten when a card lists its types)",
+                   loaded.ToString());
+    }
+  }
   absl::StatusOr<pci::Inventory> first = ScanSysfs();
   if (!first.ok()) return first.status();
   // Before the first list: a GPU FM cannot vouch for yet is not advertised Healthy for a moment.
@@ -258,11 +274,9 @@ absl::Status Agent::Impl::Start() {
   }
   {
     std::lock_guard lock(mu_);
-    const pci::Selection selection = pci::Select(*first, options_.policy);
-    DeviceSnapshot snapshot = BuildSnapshot(options_.paths, *first, selection, names_, remembered_);
-    MarkFabric(snapshot);
-    remembered_ = AdvertisedIds(snapshot);
-    Apply(std::move(snapshot));
+    absl::StatusOr<DeviceSnapshot> snapshot = Build(*first);
+    if (!snapshot.ok()) return snapshot.status();
+    Apply(*std::move(snapshot));
     Reconcile();
   }
   started_ = true;
@@ -436,11 +450,44 @@ std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs() {
     spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
     return std::nullopt;
   }
-  const pci::Selection selection = pci::Select(*inventory, options_.policy);
-  DeviceSnapshot next = BuildSnapshot(options_.paths, *inventory, selection, names_, remembered_);
+  absl::StatusOr<DeviceSnapshot> next = Build(*inventory);
+  if (!next.ok()) {
+    spdlog::error("rescan: {}; keeping the previous device set", next.status().ToString());
+    return std::nullopt;
+  }
+  return *std::move(next);
+}
+
+absl::StatusOr<DeviceSnapshot> Agent::Impl::Build(const pci::Inventory& inventory) {
+  if (options_.workload == Workload::kVmVgpu) return BuildVgpu(inventory);
+  const pci::Selection selection = pci::Select(inventory, options_.policy);
+  DeviceSnapshot next = BuildSnapshot(options_.paths, inventory, selection, names_, remembered_);
   MarkFabric(next);
   remembered_ = AdvertisedIds(next);
   return next;
+}
+
+absl::StatusOr<DeviceSnapshot> Agent::Impl::BuildVgpu(const pci::Inventory& inventory) {
+  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, inventory, catalog_);
+  if (!discovery.ok()) return discovery.status();
+  VgpuSnapshot built = BuildVgpuSnapshot(options_.paths, inventory, *discovery, options_.domain, vgpu_previous_);
+  if (discovery->framework.ok() && *discovery->framework != vgpu_framework_) {
+    vgpu_framework_ = *discovery->framework;
+    spdlog::info("vGPU framework: {}", vgpu::FrameworkName(vgpu_framework_));
+  }
+  // Each problem once, while it lasts: the safety rescan must not repeat them every minute.
+  std::set<std::string> problems(built.problems.begin(), built.problems.end());
+  for (const std::string& problem : problems) {
+    if (vgpu_problems_.contains(problem)) continue;
+    spdlog::warn("vGPU: {}", problem);
+    if (options_.observer != nullptr) options_.observer->OnVgpuProblem(problem);
+  }
+  for (const std::string& problem : vgpu_problems_) {
+    if (!problems.contains(problem)) spdlog::info("vGPU: no longer: {}", problem);
+  }
+  vgpu_problems_ = std::move(problems);
+  vgpu_previous_ = built.snapshot;
+  return std::move(built.snapshot);
 }
 
 void Agent::Impl::MarkFabric(DeviceSnapshot& snapshot) const {

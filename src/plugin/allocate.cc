@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -53,8 +54,9 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
                                                       const std::vector<std::string>& ids) {
   std::vector<std::string> malformed, unknown, unhealthy;
   std::set<std::string> requested;
+  const bool mdev = resource.id_kind == DeviceIdKind::kMdevUuid;
   for (const std::string& id : ids) {
-    if (!pci::CanonicalBdf(id).ok()) {
+    if (mdev ? !vgpu::IsMdevUuid(id) : !pci::CanonicalBdf(id).ok()) {
       malformed.push_back(absl::StrCat("\"", id, "\""));
       continue;
     }
@@ -85,16 +87,18 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
   // KubeVirt hands the addresses to the VM's GPU slots in list order; sorting keeps that mapping stable
   // whatever order the kubelet sends.
   out.envs[resource.env_name] = absl::StrJoin(requested, ",");
-  // Same order as the peer plugin per device: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu].
+  // Same order as the peer plugin per device: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu]. An mdev
+  // gets its own group node only, as KubeVirt's in-tree mdev plugin hands out (never the whole /dev/vfio).
+  const bool iommufd = resource.IommufdNodes(config.iommufd);
   std::set<std::string> seen;
   for (const std::string& id : requested) {
     const PluginDevice& device = *resource.Find(id);
-    if (config.iommufd) {
+    if (iommufd) {
       for (const std::string& cdev : device.vfio_cdevs) AddNode(out, seen, "/dev/vfio/devices/" + cdev);
     }
     AddNode(out, seen, "/dev/vfio/vfio");
     if (device.iommu_group) AddNode(out, seen, absl::StrCat("/dev/vfio/", *device.iommu_group));
-    if (config.iommufd) AddNode(out, seen, "/dev/iommu");
+    if (iommufd) AddNode(out, seen, "/dev/iommu");
     if (config.cdi) out.cdi_devices.push_back(CdiDeviceName(resource.resource_name, id));
   }
   return out;

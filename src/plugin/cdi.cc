@@ -62,7 +62,8 @@ std::filesystem::path CdiSpecPath(const std::filesystem::path& cdi_dir, std::str
   return cdi_dir / ("vfio-gpu-agent_" + name + ".json");
 }
 
-std::string CdiSpecJson(const ResourceDevices& resource, bool iommufd) {
+std::string CdiSpecJson(const ResourceDevices& resource, bool host_iommufd) {
+  const bool iommufd = resource.IommufdNodes(host_iommufd);
   cdi::v1::Spec spec;
   spec.set_cdi_version(RequiredCdiVersion(resource));
   spec.set_kind(resource.resource_name);

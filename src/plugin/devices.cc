@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_nodes.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -22,15 +23,10 @@ std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, con
     return fn.driver.empty() ? "no driver" : absl::StrCat("driver ", fn.driver);
   }
   if (!fn.iommu_group) return "no IOMMU group";
-  const std::filesystem::path group_node = paths.VfioDir() / std::to_string(*fn.iommu_group);
-  bool node_present = fs::Exists(group_node);
-  // A cdev-only host (no legacy group nodes) still works through iommufd.
-  if (!node_present && iommufd && !fn.vfio_cdevs.empty()) {
-    node_present = std::all_of(fn.vfio_cdevs.begin(), fn.vfio_cdevs.end(), [&](const std::string& cdev) {
-      return fs::Exists(paths.VfioDir() / "devices" / cdev);
-    });
+  if (std::string missing = internal::MissingVfioNode(paths, *fn.iommu_group, fn.vfio_cdevs, iommufd);
+      !missing.empty()) {
+    return missing;
   }
-  if (!node_present) return absl::StrCat("no ", group_node.string());
   // vfio-pci parks an idle device in D3cold; a config read would wake it (seconds of power-up per GPU, on
   // every rescan). Its state is known without one: bound, group node present, vfio wakes it on open.
   absl::StatusOr<std::string> power = fs::ReadTrimmed(paths.PciDevice(fn.bdf) / "power_state");
@@ -47,6 +43,22 @@ std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, con
 }
 
 }  // namespace
+
+namespace internal {
+
+std::string MissingVfioNode(const HostPaths& paths, int group, const std::vector<std::string>& cdevs, bool iommufd) {
+  const std::filesystem::path group_node = paths.VfioDir() / std::to_string(group);
+  if (fs::Exists(group_node)) return "";
+  // A cdev-only host (no legacy group nodes) still works through iommufd.
+  if (iommufd && !cdevs.empty() && std::all_of(cdevs.begin(), cdevs.end(), [&](const std::string& cdev) {
+        return fs::Exists(paths.VfioDir() / "devices" / cdev);
+      })) {
+    return "";
+  }
+  return absl::StrCat("no ", group_node.string());
+}
+
+}  // namespace internal
 
 const PluginDevice* ResourceDevices::Find(std::string_view id) const {
   auto it = std::lower_bound(devices.begin(), devices.end(), id,

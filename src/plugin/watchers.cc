@@ -76,9 +76,11 @@ absl::Status UdevMonitor::Open() {
   // Kernel uevents arrive without udevd (e.g. in a container); they only trigger a rescan of sysfs.
   monitor_ = udev_monitor_new_from_netlink(udev_, "kernel");
   if (monitor_ == nullptr) return absl::UnavailableError("udev monitor: netlink socket unavailable");
+  // mdev: vGPUs created and removed (vm-vgpu); their group nodes also show up in the inotify watch of /dev/vfio.
   if (udev_monitor_filter_add_match_subsystem_devtype(monitor_, "pci", nullptr) < 0 ||
+      udev_monitor_filter_add_match_subsystem_devtype(monitor_, "mdev", nullptr) < 0 ||
       udev_monitor_enable_receiving(monitor_) < 0) {
-    return absl::UnavailableError("udev monitor: cannot receive pci events");
+    return absl::UnavailableError("udev monitor: cannot receive pci and mdev events");
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,5 @@
 // The agent's event sources, as plain file descriptors for one poll(2) loop: inotify on the kubelet
-// directory and on the dev root's vfio/, the libudev PCI monitor, and an eventfd for wake-ups from gRPC
+// directory and on the dev root's vfio/, the libudev PCI and mdev monitor, and an eventfd for wake-ups from gRPC
 // threads.
 #pragma once
 
@@ -46,7 +46,7 @@ class UdevMonitor {
   UdevMonitor(const UdevMonitor&) = delete;
   UdevMonitor& operator=(const UdevMonitor&) = delete;
 
-  absl::Status Open();  // kernel uevents of the pci subsystem (add, remove, bind, unbind)
+  absl::Status Open();  // kernel uevents of the pci and mdev subsystems (add, remove, bind, unbind)
   int fd() const;       // -1 when not open
   // True when at least one event arrived; the BDFs (sysnames) of the devices concerned go to `bdfs`.
   bool Drain(std::vector<std::string>* bdfs = nullptr);

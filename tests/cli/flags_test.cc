@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "support/sysfs_tree.h"
 
+#include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/cli/common_options.h"
 
 namespace vfio_agent::cli {
@@ -203,6 +204,37 @@ TEST(CommonOptionsTest, EveryCommandExitsTwoOnAnUnreadableNamedPciIds) {
     EXPECT_NE(out.find("--pci-ids /dev/zero"), std::string::npos) << command << ": " << out;
     EXPECT_NE(out.find("not a regular file"), std::string::npos) << command << ": " << out;
   }
+}
+
+// --workload: vm-passthrough by default, vm-vgpu carried into serve's options with the catalog under
+// --state-dir, anything else a usage error; vm-vgpu has no Fabric Manager mode.
+TEST(ServeOptionsTest, WorkloadModeAndStateDir) {
+  auto serve_options = [](const std::vector<std::string>& args) -> absl::StatusOr<plugin::ServeOptions> {
+    std::vector<FlagSpec> specs = CommonFlagSpecs();
+    for (FlagSpec& spec : ServeFlags()) specs.push_back(std::move(spec));
+    ParsedCommand cmd;
+    bool help = false;
+    FakeEnv env;
+    if (absl::Status parsed = ParseFlags(args, specs, &cmd.flags, &help, env.fn()); !parsed.ok()) return parsed;
+    absl::StatusOr<CommonOptions> common = CommonOptionsFromFlags(cmd.flags);
+    if (!common.ok()) return common.status();
+    cmd.common = *std::move(common);
+    return ServeOptionsFromFlags(cmd, nullptr);
+  };
+  absl::StatusOr<plugin::ServeOptions> passthrough = serve_options({});
+  ASSERT_TRUE(passthrough.ok()) << passthrough.status();
+  EXPECT_EQ(passthrough->workload, Workload::kVmPassthrough);
+  absl::StatusOr<plugin::ServeOptions> vgpu = serve_options({"--workload=vm-vgpu", "--state-dir=/var/lib/x"});
+  ASSERT_TRUE(vgpu.ok()) << vgpu.status();
+  EXPECT_EQ(vgpu->workload, Workload::kVmVgpu);
+  EXPECT_EQ(vgpu->vgpu_catalog_file, "/var/lib/x/vgpu-catalog.txt");
+  absl::StatusOr<plugin::ServeOptions> bad = serve_options({"--workload=vm-vGPU"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--workload: workload \"vm-vGPU\": vm-passthrough or vm-vgpu"),
+            std::string::npos) << bad.status();
+  absl::StatusOr<plugin::ServeOptions> fabric =
+      serve_options({"--workload=vm-vgpu", "--fabric-manager=unix:/run/nvidia-fabricmanager/socket"});
+  EXPECT_EQ(fabric.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

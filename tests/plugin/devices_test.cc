@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "support/sysfs_tree.h"
+#include "test_devices.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::plugin {
@@ -34,9 +35,7 @@ class SnapshotTest : public ::testing::Test {
   }
 
   static PluginDevice Device(const DeviceSnapshot& s, const std::string& resource, const std::string& id) {
-    const PluginDevice* d = s.resources.at(resource).Find(id);
-    EXPECT_NE(d, nullptr) << id;
-    return d != nullptr ? *d : PluginDevice{};
+    return fixtures::DeviceIn(s, resource, id);
   }
 
   testing::TempDir dir_;

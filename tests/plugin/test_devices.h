@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 
 namespace vfio_agent::plugin::fixtures {
@@ -36,6 +37,14 @@ inline std::vector<PluginDevice> NvSwitchGroup(const std::vector<std::string>& i
     out.push_back(std::move(d));
   }
   return out;
+}
+
+// The device `id` of `resource` in `snapshot`; a test failure (and an empty device) when either is missing.
+inline PluginDevice DeviceIn(const DeviceSnapshot& snapshot, const std::string& resource, const std::string& id) {
+  auto it = snapshot.resources.find(resource);
+  const PluginDevice* device = it != snapshot.resources.end() ? it->second.Find(id) : nullptr;
+  EXPECT_NE(device, nullptr) << resource << " " << id;
+  return device != nullptr ? *device : PluginDevice{};
 }
 
 }  // namespace vfio_agent::plugin::fixtures

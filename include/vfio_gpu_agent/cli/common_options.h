@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/cli/flags.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 
@@ -21,6 +22,7 @@ struct CommonOptions {
   // Loaded while parsing when --pci-ids names a file: a file the user named that cannot be read is a usage
   // error, never a quiet fallback to other names.
   std::shared_ptr<names::PciIdsDatabase> named_pci_ids;
+  Workload workload = Workload::kVmPassthrough;
   std::string resource_domain = "nvidia.com";
   std::vector<names::NameOverride> name_overrides;
   bool json = false;

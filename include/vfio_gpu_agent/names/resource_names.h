@@ -62,6 +62,17 @@ absl::Status ValidateResourceDomain(std::string_view domain);
 // "PCI_RESOURCE_" + resource name upper-cased with '/' and '.' -> '_' (KubeVirt's rule).
 std::string KubevirtEnvName(std::string_view resource_name);
 
+// vGPU resource names, as NVIDIA's plugin names mdev types and PR #192 names SR-IOV profiles: `domain/` + the
+// type name with its ends trimmed and each whitespace run turned into '_', case and '-' kept
+// ("GRID T4-1Q" -> "nvidia.com/GRID_T4-1Q", "NVIDIA H200X-1-18C" -> "nvidia.com/NVIDIA_H200X-1-18C").
+// InvalidArgument naming the type when the result is not a valid extended-resource name: such a type is not
+// advertised rather than renamed, since KubeVirt's mdevNameSelector must match it.
+absl::StatusOr<std::string> VgpuResourceName(std::string_view domain, std::string_view type_name);
+
+// "MDEV_PCI_RESOURCE_" + the resource name as in KubevirtEnvName: the variable virt-launcher reads mdev UUIDs
+// from. SR-IOV vGPUs are PCI devices to KubeVirt and use KubevirtEnvName.
+std::string KubevirtMdevEnvName(std::string_view resource_name);
+
 // Cozystack's default permittedHostDevices table (vendor 10de): device id -> name part.
 const std::map<uint16_t, std::string>& PinnedNames();
 

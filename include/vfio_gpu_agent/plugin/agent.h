@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
@@ -27,6 +28,9 @@ class AgentObserver {
   virtual void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) = 0;
   // kubelet.sock was re-created or our socket removed: the kubelet restarted and we re-register.
   virtual void OnKubeletRestart() = 0;
+  // vm-vgpu: a reason a vGPU is not advertised appeared (a type whose name is unknown, an unreadable device, both
+  // frameworks on the node); once per problem while it lasts. Called on the scan thread.
+  virtual void OnVgpuProblem(const std::string& problem) {}
 };
 
 struct ServeOptions {
@@ -48,7 +52,12 @@ struct ServeOptions {
   // kubelet still accepts this long after it (looked at every 50 ms): a kubelet restart restarts the server
   // once, when our socket is deleted, and a stream the kubelet cut while staying up re-registers after this.
   std::chrono::milliseconds stream_end_settle{1000};
-  bool udev = true;  // libudev monitor of the pci subsystem; tests on a simulated sysfs turn it off
+  bool udev = true;  // libudev monitor of the pci and mdev subsystems; tests on a simulated sysfs turn it off
+  // vm-vgpu: the vGPUs are advertised (vgpu_devices.h) instead of the vfio-bound GPUs.
+  Workload workload = Workload::kVmPassthrough;
+  // vm-vgpu: where the SR-IOV cards' vGPU type catalogs are kept across restarts (vgpu/catalog.h); empty = in
+  // memory only, and a card full before the agent starts then has vGPUs whose names are unknown.
+  std::filesystem::path vgpu_catalog_file;
   bool cdi = false;  // cdi_devices in Allocate plus generated CDI specs in cdi_dir
   std::filesystem::path cdi_dir = "/var/run/cdi";
   AgentObserver* observer = nullptr;  // not owned; must outlive the agent

@@ -24,7 +24,7 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 inline constexpr char kProbeMetadata[] = "x-vfio-gpu-agent-probe";
 
 struct PluginDevice {
-  std::string id;  // the GPU's BDF; stable across restarts and reboots (R9)
+  std::string id;  // the GPU's BDF (an mdev vGPU's UUID); stable across restarts and reboots (R9)
   bool healthy = false;
   std::string unhealthy_reason;  // "" when healthy; "driver nvidia", "no /dev/vfio/73", ...
   std::optional<int> numa_node;  // nullopt = no topology (sysfs -1), never reported as node 0 (R10)
@@ -38,12 +38,19 @@ struct PluginDevice {
   bool operator==(const PluginDevice&) const = default;
 };
 
+// What a resource's device ids are: PCI addresses (GPUs, NVSwitches, SR-IOV vGPUs) or mdev UUIDs (mdev vGPUs,
+// whose Allocate hands out the group node only: KubeVirt's mdev path has no iommufd cdev).
+enum class DeviceIdKind { kPciAddress, kMdevUuid };
+
 struct ResourceDevices {
   std::string resource_name;  // "nvidia.com/GH100_H200_SXM_141GB"
   std::string env_name;       // "PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB"
   std::vector<PluginDevice> devices;  // sorted by id
+  DeviceIdKind id_kind = DeviceIdKind::kPciAddress;
 
   const PluginDevice* Find(std::string_view id) const;
+  // Whether a VM given these devices gets the iommufd nodes (cdevs, /dev/iommu) on a host that has them.
+  bool IommufdNodes(bool host_iommufd) const { return host_iommufd && id_kind != DeviceIdKind::kMdevUuid; }
   bool operator==(const ResourceDevices&) const = default;
 };
 

@@ -1,0 +1,166 @@
+#include "vfio_gpu_agent/plugin/vgpu_devices.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_nodes.h"
+
+namespace vfio_agent::plugin {
+namespace {
+
+ResourceDevices& ResourceFor(DeviceSnapshot& snapshot, const std::string& resource_name, DeviceIdKind kind) {
+  ResourceDevices& resource = snapshot.resources[resource_name];
+  if (resource.resource_name.empty()) {
+    resource.resource_name = resource_name;
+    resource.id_kind = kind;
+    resource.env_name = kind == DeviceIdKind::kMdevUuid ? names::KubevirtMdevEnvName(resource_name)
+                                                        : names::KubevirtEnvName(resource_name);
+  }
+  return resource;
+}
+
+std::string GroupReason(const HostPaths& paths, const std::optional<int>& group, const std::vector<std::string>& cdevs,
+                        bool iommufd) {
+  if (!group) return "no IOMMU group";
+  return internal::MissingVfioNode(paths, *group, cdevs, iommufd);
+}
+
+std::string MdevUnhealthyReason(const HostPaths& paths, const vgpu::Mdev& mdev, const pci::Function* parent) {
+  if (parent == nullptr) return absl::StrCat("parent ", mdev.parent_bdf, " gone from sysfs");
+  if (parent->driver.empty()) return absl::StrCat("parent ", mdev.parent_bdf, " lost its driver");
+  return GroupReason(paths, mdev.iommu_group, {}, /*iommufd=*/false);
+}
+
+// Why a vGPU advertised before is not found now.
+class GoneReasons {
+ public:
+  GoneReasons(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
+              const vgpu::Discovery& discovery)
+      : sysfs_root_(sysfs_root), inventory_(inventory), discovery_(discovery) {
+    for (const vgpu::DeviceError& error : discovery.errors) errors_.emplace(error.device, &error);
+  }
+
+  std::string Of(DeviceIdKind kind, const std::string& id) const {
+    if (!discovery_.framework.ok()) return std::string(discovery_.framework.status().message());
+    if (auto error = errors_.find(id); error != errors_.end()) {
+      return absl::StrCat("unreadable: ", error->second->status.message());
+    }
+    return kind == DeviceIdKind::kMdevUuid ? OfMdev(id) : OfVf(id);
+  }
+
+ private:
+  std::string OfMdev(const std::string& uuid) const {
+    for (const vgpu::Mdev& mdev : discovery_.mdevs) {
+      if (mdev.uuid == uuid) return absl::StrCat("now of type ", mdev.type_name);
+    }
+    return absl::StrCat("mdev removed (no ", (sysfs_root_ / "bus/mdev/devices" / uuid).string(), ")");
+  }
+
+  std::string OfVf(const std::string& bdf) const {
+    const pci::Function* fn = inventory_.Find(bdf);
+    if (fn == nullptr) return "gone from sysfs";
+    if (fn->driver != vgpu::kNvidiaDriver) return fn->driver.empty() ? "no driver" : absl::StrCat("driver ", fn->driver);
+    for (const vgpu::SriovVgpu& vgpu : discovery_.vgpus) {
+      if (vgpu.bdf == bdf) return absl::StrCat("retyped to ", vgpu.type_name, " (type ", vgpu.type_id, ")");
+    }
+    for (const vgpu::UnresolvedVgpu& vgpu : discovery_.unresolved) {
+      if (vgpu.bdf == bdf) return absl::StrCat("retyped to vGPU type ", vgpu.type_id, ", whose name is unknown");
+    }
+    return "nvidia/current_vgpu_type is 0 (vGPU deleted)";
+  }
+
+  const std::filesystem::path& sysfs_root_;
+  const pci::Inventory& inventory_;
+  const vgpu::Discovery& discovery_;
+  std::map<std::string, const vgpu::DeviceError*> errors_;
+};
+
+}  // namespace
+
+VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
+                               const vgpu::Discovery& discovery, std::string_view domain,
+                               const DeviceSnapshot& previous) {
+  VgpuSnapshot out;
+  DeviceSnapshot& snapshot = out.snapshot;
+  snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
+  for (const vgpu::DeviceError& error : discovery.errors) {
+    out.problems.push_back(absl::StrCat(error.device.empty() ? "vGPU catalog" : error.device, ": ",
+                                        error.status.message()));
+  }
+  for (const vgpu::UnresolvedVgpu& vgpu : discovery.unresolved) {
+    out.problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ", vgpu.reason));
+  }
+  if (!discovery.framework.ok()) {
+    out.problems.push_back(absl::StrCat("vGPUs not served: ", discovery.framework.status().message()));
+  } else {
+    for (const vgpu::Mdev& mdev : discovery.mdevs) {
+      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, mdev.type_name);
+      if (!name.ok()) {
+        out.problems.push_back(absl::StrCat(mdev.uuid, ": not advertised: ", name.status().message()));
+        continue;
+      }
+      const pci::Function* parent = inventory.Find(mdev.parent_bdf);
+      PluginDevice device;
+      device.id = mdev.uuid;
+      device.unhealthy_reason = MdevUnhealthyReason(paths, mdev, parent);
+      device.healthy = device.unhealthy_reason.empty();
+      device.numa_node = parent != nullptr ? parent->numa_node : std::nullopt;
+      device.iommu_group = mdev.iommu_group;
+      device.group_functions = {mdev.uuid};
+      ResourceFor(snapshot, *name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
+    }
+    for (const vgpu::SriovVgpu& vgpu : discovery.vgpus) {
+      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, vgpu.type_name);
+      const pci::Function* fn = inventory.Find(vgpu.bdf);
+      if (!name.ok() || fn == nullptr) {
+        out.problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ",
+                                            name.ok() ? "not in the PCI inventory" : name.status().message()));
+        continue;
+      }
+      const pci::Function* pf = inventory.Find(vgpu.pf_bdf);
+      PluginDevice device;
+      device.id = vgpu.bdf;
+      device.unhealthy_reason = GroupReason(paths, fn->iommu_group, fn->vfio_cdevs, snapshot.iommufd);
+      device.healthy = device.unhealthy_reason.empty();
+      device.numa_node = pf != nullptr ? pf->numa_node : fn->numa_node;
+      device.iommu_group = fn->iommu_group;
+      device.group_functions = {vgpu.bdf};
+      device.vfio_cdevs = fn->vfio_cdevs;
+      ResourceFor(snapshot, *name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
+    }
+  }
+
+  auto by_id = [](const PluginDevice& a, const PluginDevice& b) { return a.id < b.id; };
+  for (auto& [name, resource] : snapshot.resources) std::sort(resource.devices.begin(), resource.devices.end(), by_id);
+
+  const GoneReasons gone(paths.sysfs_root, inventory, discovery);
+  std::map<std::string, std::vector<PluginDevice>> kept;  // by resource name
+  for (const auto& entry : previous.resources) {
+    const ResourceDevices& before = entry.second;
+    auto now = snapshot.resources.find(entry.first);
+    const ResourceDevices* current = now != snapshot.resources.end() ? &now->second : nullptr;
+    if (current != nullptr && std::any_of(current->devices.begin(), current->devices.end(), [&](const PluginDevice& d) {
+          return before.Find(d.id) == nullptr;
+        })) {
+      continue;  // recreated: the vGPUs that went are not coming back
+    }
+    for (const PluginDevice& device : before.devices) {
+      if (current != nullptr && current->Find(device.id) != nullptr) continue;
+      PluginDevice& gone_device = kept[entry.first].emplace_back(device);
+      gone_device.healthy = false;
+      gone_device.unhealthy_reason = gone.Of(before.id_kind, device.id);
+    }
+  }
+  for (auto& [name, devices] : kept) {
+    ResourceDevices& resource = ResourceFor(snapshot, name, previous.resources.at(name).id_kind);
+    resource.devices.insert(resource.devices.end(), devices.begin(), devices.end());
+    std::sort(resource.devices.begin(), resource.devices.end(), by_id);
+  }
+  return out;
+}
+
+}  // namespace vfio_agent::plugin
