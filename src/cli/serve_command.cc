@@ -2,8 +2,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
@@ -109,6 +111,8 @@ std::vector<FlagSpec> ServeCommandFlags() {
        "/var/lib/kubelet/plugins_registry"},
       {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: where the driver's dra.sock lives, under <NAME>/",
        "/var/lib/kubelet/plugins"},
+      {"kubeconfig", "FILE", "with --kubelet-api dra: kubeconfig to read ResourceClaims outside a cluster",
+       "in-cluster service account"},
   };
   for (FlagSpec& spec : dra_specs) specs.push_back(std::move(spec));
   return specs;
@@ -131,6 +135,21 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd)
   options.registry_dir = cmd.flags.Get("kubelet-registry-dir", options.registry_dir.string());
   options.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", options.plugins_dir.string());
   options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
+  options.paths = cmd.common.paths;
+  options.policy = cmd.common.policy;
+  absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
+      kube::ConnectResourceClaimReader({.kubeconfig = cmd.flags.Get("kubeconfig")});
+  if (reader.ok()) {
+    options.get_claim = [reader = *std::move(reader)](const std::string& ns, const std::string& name) {
+      // Well inside the kubelet's 45 s for the whole Prepare call.
+      return reader->Get(ns, name, std::chrono::seconds(10));
+    };
+  } else if (reader.status().code() == absl::StatusCode::kNotFound) {
+    spdlog::warn("no Kubernetes API ({}): every DRA claim is refused until the agent runs in a cluster or gets "
+                 "--kubeconfig", std::string(reader.status().message()));
+  } else {
+    return reader.status();
+  }
   return options;
 }
 

@@ -163,4 +163,24 @@ bool Exists(const std::filesystem::path& path) {
   return std::filesystem::exists(path, ec);
 }
 
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode) {
+  const std::filesystem::path temp = path.string() + ".tmp";
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return ErrnoStatus(errno, "create", temp);
+  ssize_t written = ::write(fd, content.data(), content.size());
+  int err = errno;
+  ::fchmod(fd, mode);
+  ::close(fd);
+  if (written != static_cast<ssize_t>(content.size())) {
+    ::unlink(temp.c_str());
+    return ErrnoStatus(written < 0 ? err : EIO, "write", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    ::unlink(temp.c_str());
+    return ErrnoStatus(err, "rename to", path);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace vfio_agent::fs

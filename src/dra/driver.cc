@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/server_builder.h"
+#include "claims.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
@@ -16,34 +17,9 @@
 namespace vfio_agent::dra {
 namespace {
 
-using internal::drav1::NodePrepareResourcesRequest;
-using internal::drav1::NodePrepareResourcesResponse;
-using internal::drav1::NodeUnprepareResourcesRequest;
-using internal::drav1::NodeUnprepareResourcesResponse;
-
 constexpr size_t kMaxDriverNameLength = 63;  // ResourceSlice.spec.driver
 
 bool IsLowerAlnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
-
-// Until claims are prepared (issue 22's next step), every claim gets its own error, so the kubelet retries it and
-// the pod's events say why; unpreparing a claim this driver never prepared is the success the kubelet expects.
-class UnpreparedClaims final : public internal::ClaimHandler {
- public:
-  NodePrepareResourcesResponse Prepare(const NodePrepareResourcesRequest& request) override {
-    NodePrepareResourcesResponse response;
-    for (const auto& claim : request.claims()) {
-      (*response.mutable_claims())[claim.uid()].set_error(
-          absl::StrCat("claim ", claim.namespace_(), "/", claim.name(), " (", claim.uid(),
-                       "): this agent build does not prepare DRA claims yet"));
-    }
-    return response;
-  }
-  NodeUnprepareResourcesResponse Unprepare(const NodeUnprepareResourcesRequest& request) override {
-    NodeUnprepareResourcesResponse response;
-    for (const auto& claim : request.claims()) (*response.mutable_claims())[claim.uid()];
-    return response;
-  }
-};
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOn(const std::filesystem::path& socket,
                                                       std::initializer_list<grpc::Service*> services) {
@@ -92,11 +68,13 @@ class Driver::Impl {
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
         registration_(options_),
+        claims_(options_),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
+    if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_});
     if (!dra.ok()) return dra.status();
     dra_server_ = *std::move(dra);
@@ -134,7 +112,7 @@ class Driver::Impl {
 
   const DriverOptions options_;
   internal::RegistrationService registration_;
-  UnpreparedClaims claims_;
+  internal::ClaimPreparer claims_;
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
   internal::DraServiceV1beta1 v1beta1_;

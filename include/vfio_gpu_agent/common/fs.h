@@ -42,6 +42,10 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& di
 
 bool Exists(const std::filesystem::path& path);
 
+// Replaces `path` with `content` atomically (a temporary file beside it, then rename), mode `mode`: a reader sees
+// the old file or the new one, never a part.
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode = 0644);
+
 // Maps an errno to the closest absl status code, with "<what> <path>: <strerror>" as the message.
 absl::Status ErrnoStatus(int err, std::string_view what, const std::filesystem::path& path);
 

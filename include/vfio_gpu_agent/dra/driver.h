@@ -6,11 +6,16 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/pci/selection.h"
 
 namespace vfio_agent::dra {
 
@@ -27,11 +32,20 @@ inline constexpr std::string_view kServiceV1 = "v1.DRAPlugin";
 inline constexpr std::string_view kServiceV1beta1 = "v1beta1.DRAPlugin";
 inline constexpr std::string_view kServiceHealthV1alpha1 = "v1alpha1.DRAResourceHealth";
 
+// The ResourceClaim the kubelet names in a Prepare, read from the API server (kube::ResourceClaimReader::Get).
+using ClaimGetter =
+    std::function<absl::StatusOr<kube::ResourceClaim>(const std::string& namespace_name, const std::string& name)>;
+
 struct DriverOptions {
   std::string driver_name{kDefaultDriverName};
   std::filesystem::path registry_dir = "/var/lib/kubelet/plugins_registry";
+  // <plugins_dir>/<driver>/ holds dra.sock, the checkpoint (claims/<uid>.json) and the KEP-5304 metadata files.
   std::filesystem::path plugins_dir = "/var/lib/kubelet/plugins";
   std::filesystem::path cdi_dir = "/var/run/cdi";
+  HostPaths paths;  // sysfs_root, dev_root and proc_root (boot ID) are used
+  pci::SelectionPolicy policy;
+  // Without it every claim is answered with an error saying the API is not configured.
+  ClaimGetter get_claim;
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).
