@@ -2,6 +2,11 @@
 // driver, which reads the ResourceClaim from the fake API server and checks the devices on a plain-directory sysfs.
 // The CDI spec, the KEP-5304 metadata (read by a reader written from the format: a JSON stream of which the
 // v1alpha1 object is taken) and the checkpoint are read back from disk.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -13,6 +18,7 @@
 #include "kubelet_dra_sim.h"
 #include "nlohmann/json.hpp"
 #include "support/sysfs_tree.h"
+#include "support/wait.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/driver.h"
 
@@ -364,6 +370,75 @@ TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsTh
   EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-1")));
   EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-1")));
   EXPECT_EQ(Prepare("other", "uid-2")->claims().at("uid-2").error(), "");
+}
+
+TEST_F(DraPrepareTest, AClaimTheAgentMayNotReadIsThatClaimsError) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  ASSERT_TRUE(api_->Control("deny get resourceclaims.resource.k8s.io").ok());
+  const std::string error = Prepare("vm", "uid-1")->claims().at("uid-1").error();
+  EXPECT_NE(error.find("cannot get resource \"resourceclaims\" in API group \"resource.k8s.io\""), std::string::npos)
+      << error;
+}
+
+// pid of `vfio-gpu-agent args...`, its output in <dir>/agent.log.
+pid_t SpawnAgent(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  std::vector<std::string> argv_strings = {VFIO_AGENT_BINARY};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  if (!testing::WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; })) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) {
+  const DriverOptions options = Options();
+  const std::filesystem::path device_plugins = dir_.path() / "device-plugins";
+  std::filesystem::create_directories(device_plugins);
+  const pid_t agent = SpawnAgent(
+      {"serve", "--kubelet-api", "dra", "--kubelet-registry-dir", options.registry_dir.string(),
+       "--kubelet-plugins-dir", options.plugins_dir.string(), "--cdi-dir", options.cdi_dir.string(), "--sysfs-root",
+       options.paths.sysfs_root.string(), "--dev-root", options.paths.dev_root.string(), "--proc-root",
+       options.paths.proc_root.string(), "--kubelet-dir", device_plugins.string(), "--kubeconfig",
+       (dir_.path() / "kubeconfig").string()},
+      dir_.path() / "agent.log");
+  ASSERT_GT(agent, 0);
+  kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = options.registry_dir});
+  ASSERT_TRUE(kubelet_->Start().ok());
+  ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Count("register") == 1; }, 30s))
+      << ReadFile(dir_.path() / "agent.log");
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  auto response = Prepare("vm", "uid-1");
+  ASSERT_TRUE(response.ok()) << response.status();
+  ExpectPrepared(response->claims().at("uid-1"), "vm", "uid-1", OnePerRequest(0, 1));
+  EXPECT_TRUE(std::filesystem::is_empty(device_plugins));  // one kubelet API at a time
+
+  ::kill(agent, SIGTERM);
+  EXPECT_EQ(WaitExit(agent), 0) << ReadFile(dir_.path() / "agent.log");
+  EXPECT_FALSE(std::filesystem::exists(RegistrationSocket(options)));
+  EXPECT_FALSE(std::filesystem::exists(DraSocket(options)));
+  EXPECT_TRUE(std::filesystem::exists(CdiSpec("uid-1")));  // a running VM's claim outlives the agent
+}
+
+TEST_F(DraPrepareTest, UnknownKubeletApiIsAUsageError) {
+  EXPECT_EQ(WaitExit(SpawnAgent({"serve", "--kubelet-api", "csi"}, dir_.path() / "agent.log")), 2);
+  EXPECT_NE(ReadFile(dir_.path() / "agent.log").find("--kubelet-api \"csi\": device-plugin or dra"), std::string::npos);
 }
 
 TEST(DraDeviceNamesTest, TheNameIsThePciAddressAndBack) {
