@@ -159,17 +159,19 @@ std::string ServerMessage(const ApiResponse& response) {
   return response.body.substr(0, 200);
 }
 
+absl::Status TransportError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnauthenticated:
+      return status;
+    default:
+      return absl::UnavailableError(status.message());
+  }
+}
+
 absl::StatusOr<ApiResponse> GetOk(ApiClient& client, absl::string_view path, std::chrono::milliseconds timeout) {
   absl::StatusOr<ApiResponse> response = client.Send("GET", path, "", "", timeout);
-  if (!response.ok()) {
-    switch (response.status().code()) {
-      case absl::StatusCode::kDeadlineExceeded:
-      case absl::StatusCode::kUnauthenticated:
-        return response.status();
-      default:
-        return absl::UnavailableError(response.status().message());
-    }
-  }
+  if (!response.ok()) return TransportError(response.status());
   const std::string where = absl::StrCat("GET ", client.Url(path), ": ", response->code, " ");
   switch (response->code) {
     case 401: return absl::UnauthenticatedError(absl::StrCat(where, ServerMessage(*response)));

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
 #include "nlohmann/json.hpp"
@@ -71,13 +72,11 @@ struct Allocation {
   std::string driver = kDriver;
 };
 
-class DraPrepareTest : public ::testing::Test {
+class DraPrepareTest : public kube::testing::KubeApiSimTest {
  protected:
   void SetUp() override {
-    if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 not found";
-    auto api = sim::KubeApiSim::Start(dir_.path());
-    ASSERT_TRUE(api.ok()) << api.status();
-    api_ = *std::move(api);
+    KubeApiSimTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
     ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
     auto reader = kube::ConnectResourceClaimReader({.kubeconfig = *kubeconfig});
@@ -214,8 +213,6 @@ class DraPrepareTest : public ::testing::Test {
     EXPECT_EQ(checkpoint["devices"].size(), allocations.size());
   }
 
-  testing::TempDir dir_{"va-dra-prep"};
-  std::unique_ptr<sim::KubeApiSim> api_;
   std::unique_ptr<kube::ResourceClaimReader> reader_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KubeletDraSim> kubelet_;
