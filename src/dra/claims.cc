@@ -1,6 +1,6 @@
 #include "claims.h"
 
-#include <set>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -164,7 +164,8 @@ absl::Status ClaimPreparer::Load() {
       }
       continue;
     }
-    prepared_[claim->uid] = *std::move(claim);
+    const std::string uid = claim->uid;
+    prepared_[uid] = *std::move(claim);
   }
   return absl::OkStatus();
 }
@@ -334,20 +335,25 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
 
 drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request) {
   drav1::NodePrepareResourcesResponse response;
-  absl::StatusOr<pci::Inventory> inventory =
-      pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
-  const pci::Selection selection = inventory.ok() ? pci::Select(*inventory, options_.policy) : pci::Selection{};
+  // Read once per call, and only when some claim is new: a repeat (the kubelet after a restart) costs no scan.
+  std::optional<absl::StatusOr<pci::Inventory>> inventory;
+  pci::Selection selection;
   for (const drav1::Claim& claim : request.claims()) {
     drav1::NodePrepareResourceResponse& entry = (*response.mutable_claims())[claim.uid()];
     if (auto it = prepared_.find(claim.uid()); it != prepared_.end()) {
       entry = ToResponse(it->second);  // a repeat answers what the first call prepared
       continue;
     }
-    if (!inventory.ok()) {
-      entry.set_error(absl::StrCat(ClaimRef(claim), ": ", inventory.status().message()));
+    if (!inventory) {
+      inventory = pci::Scan(options_.paths.sysfs_root,
+                            {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+      if (inventory->ok()) selection = pci::Select(**inventory, options_.policy);
+    }
+    if (!inventory->ok()) {
+      entry.set_error(absl::StrCat(ClaimRef(claim), ": ", inventory->status().message()));
       continue;
     }
-    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, *inventory, selection);
+    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, **inventory, selection);
     if (!prepared.ok()) {
       spdlog::warn("DRA prepare: {}", std::string(prepared.status().message()));
       entry.set_error(std::string(prepared.status().message()));
