@@ -2,7 +2,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
@@ -103,14 +106,94 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   return options;
 }
 
+namespace {
+
+// `serve` only, for now: `run` (bind, then serve) does not drive a DRA driver yet.
+std::vector<FlagSpec> ServeCommandFlags() {
+  std::vector<FlagSpec> specs = ServeFlags();
+  std::vector<FlagSpec> dra_specs = {
+      {"kubelet-api", "device-plugin|dra",
+       "which kubelet API serves the GPUs: the device plugin, or a DRA driver (one at a time, never both)",
+       "device-plugin"},
+      {"dra-driver-name", "NAME", "with --kubelet-api dra: the DRA driver name (a DNS subdomain)",
+       std::string(dra::kDefaultDriverName)},
+      {"kubelet-registry-dir", "DIR", "with --kubelet-api dra: the kubelet's plugin registration directory",
+       "/var/lib/kubelet/plugins_registry"},
+      {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: where the driver's dra.sock lives, under <NAME>/",
+       "/var/lib/kubelet/plugins"},
+      {"kubeconfig", "FILE", "with --kubelet-api dra: kubeconfig to read ResourceClaims outside a cluster",
+       "in-cluster service account"},
+  };
+  for (FlagSpec& spec : dra_specs) specs.push_back(std::move(spec));
+  return specs;
+}
+
+absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
+  const std::string api = cmd.flags.Get("kubelet-api", "device-plugin");
+  if (api != "device-plugin" && api != "dra") {
+    return absl::InvalidArgumentError(absl::StrCat("--kubelet-api \"", api, "\": device-plugin or dra"));
+  }
+  return api == "dra";
+}
+
+absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd) {
+  dra::DriverOptions options;
+  options.driver_name = cmd.flags.Get("dra-driver-name", options.driver_name);
+  if (absl::Status name = dra::ValidateDriverName(options.driver_name); !name.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dra-driver-name: ", name.message()));
+  }
+  options.registry_dir = cmd.flags.Get("kubelet-registry-dir", options.registry_dir.string());
+  options.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", options.plugins_dir.string());
+  options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
+  options.paths = cmd.common.paths;
+  options.policy = cmd.common.policy;
+  absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
+      kube::ConnectResourceClaimReader({.kubeconfig = cmd.flags.Get("kubeconfig")});
+  if (reader.ok()) {
+    options.get_claim = [reader = *std::move(reader)](const std::string& ns, const std::string& name) {
+      // Well inside the kubelet's 45 s for the whole Prepare call.
+      return reader->Get(ns, name, std::chrono::seconds(10));
+    };
+  } else if (reader.status().code() == absl::StatusCode::kNotFound) {
+    spdlog::warn("no Kubernetes API ({}): every DRA claim is refused until the agent runs in a cluster or gets "
+                 "--kubeconfig", std::string(reader.status().message()));
+  } else {
+    return reader.status();
+  }
+  return options;
+}
+
+}  // namespace
+
 int RunServe(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
   if (auto exit = ParseCommand("serve",
                                "Advertises every vfio-bound GPU to the kubelet (Device Plugin API v1beta1), one resource\n"
-                               "per name, and keeps the device list live (--workload vm-vgpu: every vGPU, one resource per\n"
-                               "vGPU type). Runs until SIGTERM; never binds or unbinds anything.",
-                               ServeFlags(), args, out, &cmd)) {
+                               "per name, and keeps the device list live (--workload vm-vgpu: every vGPU, one resource per
+"
+                               "vGPU type); with --kubelet-api dra, serves as a kubelet DRA driver instead. Runs until
+"
+                               "SIGTERM; never binds or unbinds anything.",
+                               ServeCommandFlags(), args, out, &cmd)) {
     return *exit;
+  }
+  absl::StatusOr<bool> use_dra = DraSelected(cmd);
+  if (!use_dra.ok()) {
+    std::cerr << "vfio-gpu-agent serve: " << use_dra.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (*use_dra) {
+    absl::StatusOr<dra::DriverOptions> dra_options = DraOptionsFromFlags(cmd);
+    if (!dra_options.ok()) {
+      std::cerr << "vfio-gpu-agent serve: " << dra_options.status().message() << "\n";
+      return kExitUsage;
+    }
+    // The device-plugin servers are not started: the same GPU is never offered through both kubelet APIs.
+    if (absl::Status status = dra::Serve(*dra_options); !status.ok()) {
+      std::cerr << "vfio-gpu-agent serve: " << status.message() << "\n";
+      return kExitError;
+    }
+    return kExitOk;
   }
   auto db = LazyNameDatabase(cmd.common);
   auto options = ServeOptionsFromFlags(cmd, db.get());

@@ -41,15 +41,7 @@ uint64_t AdmissionPolicyReader::requests() const { return client_->requests(); }
 absl::StatusOr<std::string> AdmissionPolicyReader::Get(absl::string_view collection, absl::string_view name,
                                                        std::chrono::milliseconds timeout) {
   absl::StatusOr<ApiResponse> response = client_->Send("GET", absl::StrCat(collection, "/", name), "", "", timeout);
-  if (!response.ok()) {
-    switch (response.status().code()) {
-      case absl::StatusCode::kDeadlineExceeded:
-      case absl::StatusCode::kUnauthenticated:
-        return response.status();
-      default:
-        return absl::UnavailableError(response.status().message());
-    }
-  }
+  if (!response.ok()) return TransportError(response.status());
   const std::string where = absl::StrCat(Request(collection, name), ": ", response->code, " ");
   const Json body = Json::parse(response->body, nullptr, /*allow_exceptions=*/false);
   switch (response->code) {

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "curl_library.h"
+#include "nlohmann/json.hpp"
 
 namespace vfio_agent::kube {
 namespace {
@@ -147,6 +148,40 @@ absl::StatusOr<ApiResponse> ApiClient::SendOnce(absl::string_view method, const 
   curl.easy_getinfo(h, CURLINFO_RESPONSE_CODE, &response.code);
   response.body = std::move(transfer.body);
   response.retry_after = transfer.retry_after;
+  return response;
+}
+
+std::string ServerMessage(const ApiResponse& response) {
+  const nlohmann::json body = nlohmann::json::parse(response.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_object() && body.contains("message") && body["message"].is_string()) {
+    return body["message"].get<std::string>();
+  }
+  return response.body.substr(0, 200);
+}
+
+absl::Status TransportError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnauthenticated:
+      return status;
+    default:
+      return absl::UnavailableError(status.message());
+  }
+}
+
+absl::StatusOr<ApiResponse> GetOk(ApiClient& client, absl::string_view path, std::chrono::milliseconds timeout) {
+  absl::StatusOr<ApiResponse> response = client.Send("GET", path, "", "", timeout);
+  if (!response.ok()) return TransportError(response.status());
+  const std::string where = absl::StrCat("GET ", client.Url(path), ": ", response->code, " ");
+  switch (response->code) {
+    case 401: return absl::UnauthenticatedError(absl::StrCat(where, ServerMessage(*response)));
+    case 403: return absl::PermissionDeniedError(absl::StrCat(where, ServerMessage(*response)));
+    case 404: return absl::NotFoundError(absl::StrCat(where, ServerMessage(*response)));
+    default: break;
+  }
+  if (response->code < 200 || response->code >= 300) {
+    return absl::UnavailableError(absl::StrCat(where, ServerMessage(*response)));
+  }
   return response;
 }
 

@@ -48,4 +48,15 @@ class ApiClient {
   std::atomic<uint64_t> requests_{0};
 };
 
+// The server's own words (a Status object's message) when it sent one, else the start of the body.
+std::string ServerMessage(const ApiResponse& response);
+
+// A Send's own failure as a reader reports it: DeadlineExceeded and Unauthenticated kept, the rest Unavailable.
+absl::Status TransportError(const absl::Status& status);
+
+// A GET of one object or list, whose answer must be 2xx. Errors name the URL and what the server said: NotFound
+// (404), PermissionDenied (403), Unauthenticated (401 or an unreadable token file), DeadlineExceeded, Unavailable
+// for everything else (unreachable, TLS, 429, 5xx, other codes, a cut connection).
+absl::StatusOr<ApiResponse> GetOk(ApiClient& client, absl::string_view path, std::chrono::milliseconds timeout);
+
 }  // namespace vfio_agent::kube

@@ -1,11 +1,6 @@
 #include "vfio_gpu_agent/plugin/cdi.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "cdi/v1/spec.pb.h"
@@ -90,25 +85,7 @@ absl::Status WriteCdiSpec(const std::filesystem::path& cdi_dir, const ResourceDe
   std::error_code ec;
   std::filesystem::create_directories(cdi_dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("create ", cdi_dir.string(), ": ", ec.message()));
-  const std::filesystem::path target = CdiSpecPath(cdi_dir, resource.resource_name);
-  const std::filesystem::path temp = target.string() + ".tmp";
-  const std::string json = CdiSpecJson(resource, iommufd);
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return fs::ErrnoStatus(errno, "create", temp);
-  ssize_t written = ::write(fd, json.data(), json.size());
-  int err = errno;
-  ::fchmod(fd, 0644);
-  ::close(fd);
-  if (written != static_cast<ssize_t>(json.size())) {
-    ::unlink(temp.c_str());
-    return fs::ErrnoStatus(written < 0 ? err : EIO, "write", temp);
-  }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    err = errno;
-    ::unlink(temp.c_str());
-    return fs::ErrnoStatus(err, "rename to", target);
-  }
-  return absl::OkStatus();
+  return fs::WriteFileAtomically(CdiSpecPath(cdi_dir, resource.resource_name), CdiSpecJson(resource, iommufd));
 }
 
 }  // namespace vfio_agent::plugin

@@ -14,6 +14,7 @@
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
+#include "vfio_gpu_agent/common/unix_socket.h"
 
 namespace vfio_agent::plugin::internal {
 struct ListPayload {
@@ -32,18 +33,6 @@ std::shared_ptr<const ListPayload> MakePayload(v1beta1::ListAndWatchResponse mes
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-// True when something accepts connections on `path`: another live plugin instance owns it.
-bool SomeoneListens(const std::filesystem::path& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return live;
 }
 
 }  // namespace

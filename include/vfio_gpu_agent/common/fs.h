@@ -42,9 +42,9 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& di
 
 bool Exists(const std::filesystem::path& path);
 
-// Replaces `path` with `content` (mode 0644) so that a reader or a crash sees the old file or the new one, never
+// Replaces `path` with `content` (mode `mode`) so that a reader or a crash sees the old file or the new one, never
 // a partial one: a private temporary file in the same directory, fsync, then rename(2). The directory must exist.
-absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content);
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode = 0644);
 
 // Maps an errno to the closest absl status code, with "<what> <path>: <strerror>" as the message.
 absl::Status ErrnoStatus(int err, std::string_view what, const std::filesystem::path& path);

@@ -2,9 +2,9 @@
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
 Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
-of one admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy(Binding) by name, and resource.k8s.io/v1
-ResourceSlices (list with the spec.nodeName/spec.driver field selectors, create, update, delete, validated as
-kube-apiserver validates them) on
+of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy(Binding) by name, and resource.k8s.io/v1 ResourceSlices (list with the
+spec.nodeName/spec.driver field selectors, create, update, delete, validated as kube-apiserver validates them) on
 127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
 body) before the response is sent, so a test that sees the line knows the server decided.
@@ -30,6 +30,10 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   admission KIND JSON_OBJECT      store a ValidatingAdmissionPolicy (KIND policy) or its binding (KIND binding),
                                   served at .../validatingadmissionpolicies(bindings)/<metadata.name>
   delete-admission KIND NAME      it is gone: 404 naming it, as kube-apiserver answers for a missing object
+  claim JSON_OBJECT               store a resource.k8s.io/v1 ResourceClaim (metadata.namespace and .name required; uid,
+                                  resourceVersion and creationTimestamp filled in when absent), served at
+                                  /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>
+  delete-claim NAMESPACE NAME     it is gone: 404 naming it
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
@@ -125,6 +129,7 @@ class State:
         self.admission = {"validatingadmissionpolicies": {}, "validatingadmissionpolicybindings": {}}
         self.admission_served = True
         self.slices = {}  # name -> resource.k8s.io/v1 ResourceSlice
+        self.claims = {}  # (namespace, name) -> ResourceClaim
         self.faults = []
         self.released = threading.Event()
         self.rv = 100
@@ -394,6 +399,14 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", "the server could not find the requested resource")
                 return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
                              "items": state.kubevirts}
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
+                    and parts[5] == "resourceclaims" and method == "GET":
+                self.authorize("get", "resourceclaims", "resource.k8s.io", parts[6])
+                claim = state.claims.get((parts[4], parts[6]))
+                if claim is None:
+                    raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{parts[6]}" not found',
+                                   details={"name": parts[6], "group": "resource.k8s.io", "kind": "resourceclaims"})
+                return 200, claim
             if parts[:3] == ["apis", "admissionregistration.k8s.io", "v1"] and len(parts) == 5 \
                     and parts[3] in state.admission and method == "GET":
                 self.authorize("get", parts[3], "admissionregistration.k8s.io", parts[4])
@@ -604,6 +617,17 @@ def control(state, line):
         elif command == "delete-admission" and len(args) == 2 and args[0] in ("policy", "binding"):
             collection = "validatingadmissionpolicies" if args[0] == "policy" else "validatingadmissionpolicybindings"
             state.admission[collection].pop(args[1], None)
+        elif command == "claim" and args:
+            claim = json.loads(line.split(None, 1)[1])
+            meta = claim.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now_rfc3339())
+            meta["resourceVersion"] = state.next_rv()
+            claim.setdefault("apiVersion", "resource.k8s.io/v1")
+            claim.setdefault("kind", "ResourceClaim")
+            state.claims[(meta["namespace"], meta["name"])] = claim
+        elif command == "delete-claim" and len(args) == 2:
+            state.claims.pop((args[0], args[1]), None)
         elif command == "admission-api" and args in (["on"], ["off"]):
             state.admission_served = args[0] == "on"
         elif command == "slices":

@@ -1,0 +1,92 @@
+// The `serve --kubelet-api dra` engine: the agent as a kubelet DRA driver (issue 22). It serves
+// pluginregistration.Registration on <registry_dir>/<driver>-reg.sock, which the kubelet's plugin watcher finds,
+// and the DRAPlugin service (v1 and v1beta1, one set of handlers) on <plugins_dir>/<driver>/dra.sock, the endpoint
+// GetInfo names. It takes its devices from the layers below (pci, names, binding), never from src/plugin: a node
+// serves one kubelet API at a time.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::dra {
+
+// A DNS subdomain under a domain the project controls (Cozystack's), so it can never collide with another vendor's
+// driver (gpu.nvidia.com is NVIDIA's dra-driver-nvidia-gpu), and it names what the driver hands out: GPUs for
+// passthrough, bound to vfio-pci by this agent. ResourceSlices, DeviceClass selectors and the KEP-5304 metadata
+// file name (<driver>-metadata.json) all carry it.
+inline constexpr std::string_view kDefaultDriverName = "gpu.vfio-agent.cozystack.io";
+
+// The kubelet's PluginInfo.type for a DRA driver, and the gRPC services offered, in the order the kubelet should
+// consider them (it takes the first one it supports).
+inline constexpr std::string_view kPluginType = "DRAPlugin";
+inline constexpr std::string_view kServiceV1 = "v1.DRAPlugin";
+inline constexpr std::string_view kServiceV1beta1 = "v1beta1.DRAPlugin";
+inline constexpr std::string_view kServiceHealthV1alpha1 = "v1alpha1.DRAResourceHealth";
+
+// The ResourceClaim the kubelet names in a Prepare, read from the API server (kube::ResourceClaimReader::Get).
+using ClaimGetter =
+    std::function<absl::StatusOr<kube::ResourceClaim>(const std::string& namespace_name, const std::string& name)>;
+
+struct DriverOptions {
+  std::string driver_name{kDefaultDriverName};
+  std::filesystem::path registry_dir = "/var/lib/kubelet/plugins_registry";
+  // <plugins_dir>/<driver>/ holds dra.sock, the checkpoint (claims/<uid>.json) and the KEP-5304 metadata files.
+  std::filesystem::path plugins_dir = "/var/lib/kubelet/plugins";
+  std::filesystem::path cdi_dir = "/var/run/cdi";
+  HostPaths paths;  // sysfs_root, dev_root and proc_root (boot ID) are used
+  pci::SelectionPolicy policy;
+  // Without it every claim is answered with an error saying the API is not configured.
+  ClaimGetter get_claim;
+};
+
+// What the kubelet last said about our registration (NotifyRegistrationStatus).
+struct RegistrationStatus {
+  int get_info_calls = 0;
+  int notifications = 0;
+  bool registered = false;  // the last notification accepted us
+  std::string error;        // the kubelet's error from the last notification, "" when accepted
+};
+
+// DNS subdomain rules for a driver name (Kubernetes validates ResourceSlice.spec.driver the same way): at most
+// 63 characters, lower-case alphanumerics, '-' and '.', each label starting and ending alphanumeric.
+absl::Status ValidateDriverName(std::string_view name);
+
+// <registry_dir>/<driver>-reg.sock
+std::filesystem::path RegistrationSocket(const DriverOptions& options);
+// <plugins_dir>/<driver>/dra.sock, absolute (the kubelet dials exactly the path GetInfo returns).
+std::filesystem::path DraSocket(const DriverOptions& options);
+
+class Driver {
+ public:
+  explicit Driver(DriverOptions options);
+  ~Driver();  // Stop()
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  // Serves dra.sock, then the registration socket (so the endpoint exists before the kubelet can learn it). A
+  // socket left by an earlier run is replaced; one a live server answers on is an AlreadyExists error.
+  absl::Status Start();
+  // Removes the registration socket first (the kubelet deregisters us), then stops serving. Idempotent.
+  void Stop();
+
+  RegistrationStatus Registration() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread (call it before starting other threads), runs a Driver until
+// one arrives, then stops it.
+absl::Status Serve(const DriverOptions& options);
+
+}  // namespace vfio_agent::dra

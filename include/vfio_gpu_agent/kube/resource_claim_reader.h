@@ -1,0 +1,64 @@
+// The DRA driver's one read of the API: a ResourceClaim (resource.k8s.io/v1) by namespace and name, to learn what
+// the scheduler allocated (the kubelet's Prepare carries only namespace, name and UID). One blocking GET with a
+// deadline per call; no background worker.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace vfio_agent::kube {
+
+class ApiClient;
+
+// status.allocation.devices.results[]
+struct AllocationResult {
+  std::string request;  // may be "request/subrequest"
+  std::string driver;
+  std::string pool;
+  std::string device;
+};
+
+struct ResourceClaim {
+  std::string namespace_name;
+  std::string name;
+  std::string uid;
+  int64_t generation = 0;
+  std::map<std::string, std::string> annotations;
+  bool allocated = false;  // status.allocation is set
+  std::vector<AllocationResult> results;
+};
+
+struct ClaimReaderOptions {
+  std::filesystem::path kubeconfig;  // "" = in-cluster (service account under service_account_dir)
+  std::filesystem::path service_account_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+};
+
+class ResourceClaimReader {
+ public:
+  explicit ResourceClaimReader(std::unique_ptr<ApiClient> client);
+  ~ResourceClaimReader();
+  ResourceClaimReader(const ResourceClaimReader&) = delete;
+  ResourceClaimReader& operator=(const ResourceClaimReader&) = delete;
+
+  // GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>. Errors name the URL and what the server
+  // said: NotFound (404: the claim is gone), PermissionDenied (403), Unauthenticated (401 or an unreadable token),
+  // DeadlineExceeded, DataLoss for a 2xx that is not a ResourceClaim, Unavailable for everything else.
+  absl::StatusOr<ResourceClaim> Get(const std::string& namespace_name, const std::string& name,
+                                    std::chrono::milliseconds timeout);
+  uint64_t requests() const;
+
+ private:
+  std::unique_ptr<ApiClient> client_;
+};
+
+// `kubeconfig` when given, else in-cluster; NotFound when there is neither. Reads local files only.
+absl::StatusOr<std::unique_ptr<ResourceClaimReader>> ConnectResourceClaimReader(const ClaimReaderOptions& options);
+
+}  // namespace vfio_agent::kube

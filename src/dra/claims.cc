@@ -1,0 +1,388 @@
+#include "claims.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cdi/v1/spec.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/dra/device_names.h"
+
+namespace vfio_agent::dra::internal {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// KEP-5304 (k8s.io/dynamic-resource-allocation/api/metadata): where the container finds a request's metadata.
+constexpr char kMetadataContainerDir[] = "/var/run/kubernetes.io/dra-device-attributes";
+constexpr char kPodClaimNameAnnotation[] = "resource.kubernetes.io/pod-claim-name";
+constexpr char kPciBusIdAttribute[] = "resource.kubernetes.io/pciBusID";
+constexpr char kMetadataApiVersion[] = "metadata.resource.k8s.io/v1alpha1";
+
+std::string ClaimRef(const drav1::Claim& claim) {
+  return absl::StrCat("claim ", claim.namespace_(), "/", claim.name(), " (", claim.uid(), ")");
+}
+
+// The request a result belongs to, without its subrequest ("gpus/h200" -> "gpus"), as the kubelet matches it.
+std::string BaseRequest(const std::string& request) { return request.substr(0, request.find('/')); }
+
+// A claim UID (a UUID) becomes part of file names: only what a UUID holds is accepted.
+bool IsSafeUid(const std::string& uid) {
+  return !uid.empty() && uid.size() <= 64 &&
+         std::all_of(uid.begin(), uid.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
+}
+
+void AddNode(cdi::v1::ContainerEdits* edits, const std::string& path) {
+  cdi::v1::DeviceNode* node = edits->add_device_nodes();
+  node->set_path(path);
+  node->set_permissions("rw");
+}
+
+Json DeviceJson(const PreparedDevice& device) {
+  return {{"request", device.request}, {"pool", device.pool}, {"device", device.device}, {"bdf", device.bdf},
+          {"cdiDeviceIds", device.cdi_ids}};
+}
+
+Json CheckpointJson(const PreparedClaim& claim) {
+  Json devices = Json::array();
+  for (const PreparedDevice& device : claim.devices) devices.push_back(DeviceJson(device));
+  return {{"bootID", claim.boot_id},       {"namespace", claim.namespace_name},
+          {"name", claim.name},            {"uid", claim.uid},
+          {"cdiSpec", claim.cdi_spec},     {"metadataDir", claim.metadata_dir},
+          {"devices", std::move(devices)}};
+}
+
+absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file) {
+  absl::StatusOr<std::string> text = fs::ReadTrimmed(file);
+  if (!text.ok()) return text.status();
+  const Json json = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto str = [&](const Json& object, const char* key) {
+    return object.is_object() && object.contains(key) && object[key].is_string() ? object[key].get<std::string>() : "";
+  };
+  if (!json.is_object() || !json.contains("devices") || !json["devices"].is_array() || str(json, "uid").empty()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", file.string(), " is not a prepared claim"));
+  }
+  PreparedClaim claim{.namespace_name = str(json, "namespace"),
+                      .name = str(json, "name"),
+                      .uid = str(json, "uid"),
+                      .boot_id = str(json, "bootID"),
+                      .cdi_spec = str(json, "cdiSpec"),
+                      .metadata_dir = str(json, "metadataDir")};
+  for (const Json& device : json["devices"]) {
+    PreparedDevice entry{.request = str(device, "request"), .pool = str(device, "pool"), .device = str(device, "device"),
+                         .bdf = str(device, "bdf")};
+    if (device.contains("cdiDeviceIds") && device["cdiDeviceIds"].is_array()) {
+      for (const Json& id : device["cdiDeviceIds"]) {
+        if (id.is_string()) entry.cdi_ids.push_back(id.get<std::string>());
+      }
+    }
+    claim.devices.push_back(std::move(entry));
+  }
+  return claim;
+}
+
+// The KEP-5304 metadata of one request: a JSON stream holding the v1alpha1 object (the one version KubeVirt reads).
+std::string MetadataJson(const kube::ResourceClaim& claim, const std::string& driver,
+                         const std::vector<const kube::AllocationResult*>& results) {
+  std::map<std::string, Json> requests;  // full request name -> devices
+  for (const kube::AllocationResult* result : results) {
+    absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
+    Json attributes = Json::object();
+    if (bdf.ok()) attributes[kPciBusIdAttribute] = {{"string", *bdf}};
+    requests[result->request].push_back(
+        {{"driver", driver}, {"pool", result->pool}, {"name", result->device}, {"attributes", std::move(attributes)}});
+  }
+  Json object = {{"apiVersion", kMetadataApiVersion},
+                 {"kind", "DeviceMetadata"},
+                 {"metadata", {{"name", claim.name}, {"namespace", claim.namespace_name}, {"uid", claim.uid},
+                               {"generation", 1}}}};
+  if (auto it = claim.annotations.find(kPodClaimNameAnnotation); it != claim.annotations.end()) {
+    object["podClaimName"] = it->second;
+  }
+  object["requests"] = Json::array();
+  for (auto& [name, devices] : requests) object["requests"].push_back({{"name", name}, {"devices", std::move(devices)}});
+  return object.dump() + "\n";
+}
+
+// Where the container reads a request's metadata: by claim name, or by the pod's claim name for a template's claim.
+std::string MetadataContainerPath(const kube::ResourceClaim& claim, const std::string& driver,
+                                  const std::string& request) {
+  auto it = claim.annotations.find(kPodClaimNameAnnotation);
+  const std::string scope = it != claim.annotations.end()
+                                ? absl::StrCat("resourceclaimtemplates/", it->second)
+                                : absl::StrCat("resourceclaims/", claim.name);
+  return absl::StrCat(kMetadataContainerDir, "/", scope, "/", request, "/", driver, "-metadata.json");
+}
+
+}  // namespace
+
+drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
+  drav1::NodePrepareResourceResponse response;
+  for (const PreparedDevice& prepared : claim.devices) {
+    drav1::Device* device = response.add_devices();
+    device->add_request_names(prepared.request);
+    device->set_pool_name(prepared.pool);
+    device->set_device_name(prepared.device);
+    for (const std::string& id : prepared.cdi_ids) device->add_cdi_device_ids(id);
+  }
+  return response;
+}
+
+ClaimPreparer::ClaimPreparer(const DriverOptions& options)
+    : options_(options), plugin_dir_(options.plugins_dir / options.driver_name) {}
+
+std::filesystem::path ClaimPreparer::CheckpointFile(const std::string& uid) const {
+  return plugin_dir_ / "claims" / (uid + ".json");
+}
+
+absl::Status ClaimPreparer::Load() {
+  const std::filesystem::path boot_file = options_.paths.proc_root / "sys/kernel/random/boot_id";
+  absl::StatusOr<std::string> boot_id = fs::ReadTrimmed(boot_file);
+  if (!boot_id.ok()) return boot_id.status();
+  boot_id_ = *boot_id;
+  std::error_code ec;
+  std::filesystem::create_directories(plugin_dir_ / "claims", ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("create ", (plugin_dir_ / "claims").string(), ": ", ec.message()));
+  absl::StatusOr<std::vector<std::string>> files = fs::ListDir(plugin_dir_ / "claims");
+  if (!files.ok()) return files.status();
+  for (const std::string& file : *files) {
+    if (!file.ends_with(".json")) continue;
+    const std::filesystem::path path = plugin_dir_ / "claims" / file;
+    absl::StatusOr<PreparedClaim> claim = ParseCheckpoint(path);
+    if (!claim.ok()) {
+      spdlog::warn("DRA checkpoint {}: {}; ignored", path.string(), std::string(claim.status().message()));
+      continue;
+    }
+    if (claim->boot_id != boot_id_) {
+      spdlog::info("DRA claim {}/{} ({}) was prepared in boot {}, this is {}: discarded", claim->namespace_name,
+                   claim->name, claim->uid, claim->boot_id, boot_id_);
+      if (absl::Status removed = Remove(*claim); !removed.ok()) {
+        spdlog::warn("DRA claim {}: {}", claim->uid, std::string(removed.message()));
+      }
+      continue;
+    }
+    const std::string uid = claim->uid;
+    prepared_[uid] = *std::move(claim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClaimPreparer::Remove(const PreparedClaim& claim) const {
+  // The checkpoint goes last, so a claim whose files could not all be removed is still known and retried.
+  for (const std::filesystem::path& path : {claim.cdi_spec, claim.metadata_dir, CheckpointFile(claim.uid)}) {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("remove ", path.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::string& device,
+                                        const pci::Inventory& inventory, const pci::Selection& selection,
+                                        const std::string& uid) const {
+  const std::string what = absl::StrCat("device ", device, " (", bdf, ")");
+  for (const auto& [other_uid, other] : prepared_) {
+    if (other_uid == uid) continue;
+    for (const PreparedDevice& held : other.devices) {
+      if (held.bdf == bdf) {
+        return absl::FailedPreconditionError(absl::StrCat(what, " is held by prepared claim ", other.namespace_name, "/",
+                                                          other.name, " (", other.uid, ")"));
+      }
+    }
+  }
+  const pci::Function* fn = inventory.Find(bdf);
+  if (fn == nullptr) {
+    return absl::NotFoundError(absl::StrCat(what, ": not in ", options_.paths.PciDevices().string()));
+  }
+  if (selection.RoleOf(bdf) != pci::Role::kGpu) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", fn->VendorDevice(), " is not a GPU this agent manages"));
+  }
+  if (!fn->iommu_group) return absl::FailedPreconditionError(absl::StrCat(what, ": no IOMMU group (IOMMU off?)"));
+  const int group_id = *fn->iommu_group;
+  const pci::GroupAssessment* group = selection.GroupOf(*fn);
+  if (group == nullptr) return absl::InternalError(absl::StrCat(what, ": IOMMU group ", group_id, " not assessed"));
+  // A VM takes the whole group: every endpoint must be ours and on a vfio driver (bridges stay on pcieport).
+  for (const pci::Member& member : group->members) {
+    if (member.role == pci::Role::kBridge) continue;
+    const pci::Function* other = inventory.Find(member.bdf);
+    const std::string driver = other == nullptr ? "" : other->driver;
+    if (member.role == pci::Role::kForeign) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": IOMMU group ", group_id, " also holds ", member.bdf, " (",
+          other == nullptr ? "unreadable" : other->VendorDevice(), ", driver ", driver.empty() ? "none" : driver,
+          "), which is not this agent's to hand to a VM; move it to its own group (ACS) or leave this GPU out"));
+    }
+    if (!pci::IsVfioDriver(driver)) {
+      return absl::FailedPreconditionError(absl::StrCat(what, ": IOMMU group ", group_id, " member ", member.bdf,
+                                                        " is on driver ", driver.empty() ? "none" : driver,
+                                                        ", not vfio-pci (run `vfio-gpu-agent bind`)"));
+    }
+  }
+  const std::filesystem::path group_node = options_.paths.VfioDir() / std::to_string(group_id);
+  if (!fs::Exists(group_node)) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", group_node.string(), " does not exist"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& inventory,
+                                                        const pci::Selection& selection) {
+  const std::string ref = ClaimRef(request);
+  if (!IsSafeUid(request.uid())) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
+  if (!options_.get_claim) {
+    return absl::FailedPreconditionError(absl::StrCat(ref, ": no Kubernetes API configured to read the claim"));
+  }
+  absl::StatusOr<kube::ResourceClaim> claim = options_.get_claim(request.namespace_(), request.name());
+  if (!claim.ok()) return absl::Status(claim.status().code(), absl::StrCat(ref, ": ", claim.status().message()));
+  if (claim->uid != request.uid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ref, ": the API has UID ", claim->uid, " for this name (the claim was replaced)"));
+  }
+  if (!claim->allocated) return absl::FailedPreconditionError(absl::StrCat(ref, ": not allocated"));
+  std::vector<const kube::AllocationResult*> ours;
+  for (const kube::AllocationResult& result : claim->results) {
+    if (result.driver == options_.driver_name) ours.push_back(&result);
+  }
+  if (ours.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(ref, ": no device allocated to driver ", options_.driver_name));
+  }
+
+  const bool iommufd = fs::Exists(options_.paths.dev_root / "iommu");
+  const std::string kind = absl::StrCat(options_.driver_name, "/claim");
+  cdi::v1::Spec spec;
+  spec.set_cdi_version("0.5.0");  // device names start with the claim UID, maybe a digit
+  spec.set_kind(kind);
+  PreparedClaim prepared{.namespace_name = claim->namespace_name,
+                         .name = claim->name,
+                         .uid = claim->uid,
+                         .boot_id = boot_id_,
+                         .cdi_spec = options_.cdi_dir / absl::StrCat(options_.driver_name, "_claim_", claim->uid, ".json"),
+                         .metadata_dir = plugin_dir_ / "dra-device-metadata" /
+                                         absl::StrCat(claim->namespace_name, "_", claim->name)};
+  std::map<std::string, std::vector<const kube::AllocationResult*>> by_request;
+  for (const kube::AllocationResult* result : ours) {
+    absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
+    if (!bdf.ok()) return absl::InvalidArgumentError(absl::StrCat(ref, ": ", bdf.status().message()));
+    if (absl::Status device = CheckDevice(*bdf, result->device, inventory, selection, claim->uid); !device.ok()) {
+      return absl::Status(device.code(), absl::StrCat(ref, ": ", device.message()));
+    }
+    const pci::Function* fn = inventory.Find(*bdf);
+    const std::string cdi_name = absl::StrCat(claim->uid, "-", result->device);
+    cdi::v1::Device* cdi_device = spec.add_devices();
+    cdi_device->set_name(cdi_name);
+    cdi::v1::ContainerEdits* edits = cdi_device->mutable_container_edits();
+    // As the device plugin hands them out: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu].
+    if (iommufd) {
+      for (const std::string& cdev : fn->vfio_cdevs) AddNode(edits, "/dev/vfio/devices/" + cdev);
+    }
+    AddNode(edits, "/dev/vfio/vfio");
+    AddNode(edits, absl::StrCat("/dev/vfio/", *fn->iommu_group));
+    if (iommufd) AddNode(edits, "/dev/iommu");
+    prepared.devices.push_back({.request = BaseRequest(result->request),
+                                .pool = result->pool,
+                                .device = result->device,
+                                .bdf = *bdf,
+                                .cdi_ids = {absl::StrCat(kind, "=", cdi_name)}});
+    by_request[BaseRequest(result->request)].push_back(result);
+  }
+
+  // One metadata file per request, bind-mounted by its own CDI device, whose ID goes with the request's first device.
+  std::vector<std::pair<std::filesystem::path, std::string>> metadata_files;
+  for (const auto& [request_name, results] : by_request) {
+    const std::string cdi_name = absl::StrCat(claim->uid, "-metadata-", request_name);
+    const std::filesystem::path host = prepared.metadata_dir / request_name / "metadata.json";
+    cdi::v1::Mount* mount = spec.add_devices()->mutable_container_edits()->add_mounts();
+    spec.mutable_devices(spec.devices_size() - 1)->set_name(cdi_name);
+    mount->set_host_path(host.string());
+    mount->set_container_path(MetadataContainerPath(*claim, options_.driver_name, request_name));
+    mount->add_options("ro");
+    mount->add_options("bind");
+    metadata_files.emplace_back(host, MetadataJson(*claim, options_.driver_name, results));
+    for (PreparedDevice& device : prepared.devices) {
+      if (device.request == request_name) {
+        device.cdi_ids.push_back(absl::StrCat(kind, "=", cdi_name));
+        break;
+      }
+    }
+  }
+
+  std::string spec_json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(spec, &spec_json, print);
+  absl::Status written = [&]() -> absl::Status {
+    std::error_code ec;
+    for (const auto& [path, content] : metadata_files) {
+      std::filesystem::create_directories(path.parent_path(), ec);
+      if (ec) return absl::UnavailableError(absl::StrCat("create ", path.parent_path().string(), ": ", ec.message()));
+      if (absl::Status status = fs::WriteFileAtomically(path, content); !status.ok()) return status;
+    }
+    std::filesystem::create_directories(options_.cdi_dir, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("create ", options_.cdi_dir.string(), ": ", ec.message()));
+    if (absl::Status status = fs::WriteFileAtomically(prepared.cdi_spec, spec_json); !status.ok()) return status;
+    // Last: a checkpoint names only what exists; a crash before it leaves files the retry overwrites.
+    return fs::WriteFileAtomically(CheckpointFile(claim->uid), CheckpointJson(prepared).dump(2) + "\n");
+  }();
+  if (!written.ok()) {
+    (void)Remove(prepared);  // best effort: what is left is overwritten by the retry
+    return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
+  }
+  return prepared;
+}
+
+drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request) {
+  drav1::NodePrepareResourcesResponse response;
+  // Read once per call, and only when some claim is new: a repeat (the kubelet after a restart) costs no scan.
+  std::optional<absl::StatusOr<pci::Inventory>> inventory;
+  pci::Selection selection;
+  for (const drav1::Claim& claim : request.claims()) {
+    drav1::NodePrepareResourceResponse& entry = (*response.mutable_claims())[claim.uid()];
+    if (auto it = prepared_.find(claim.uid()); it != prepared_.end()) {
+      entry = ToResponse(it->second);  // a repeat answers what the first call prepared
+      continue;
+    }
+    if (!inventory) {
+      inventory = pci::Scan(options_.paths.sysfs_root,
+                            {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+      if (inventory->ok()) selection = pci::Select(**inventory, options_.policy);
+    }
+    if (!inventory->ok()) {
+      entry.set_error(absl::StrCat(ClaimRef(claim), ": ", inventory->status().message()));
+      continue;
+    }
+    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, **inventory, selection);
+    if (!prepared.ok()) {
+      spdlog::warn("DRA prepare: {}", std::string(prepared.status().message()));
+      entry.set_error(std::string(prepared.status().message()));
+      continue;
+    }
+    std::vector<std::string> bdfs;
+    for (const PreparedDevice& device : prepared->devices) bdfs.push_back(device.bdf);
+    spdlog::info("DRA prepare: {}: {}", ClaimRef(claim), absl::StrJoin(bdfs, ","));
+    entry = ToResponse(*prepared);
+    prepared_[claim.uid()] = *std::move(prepared);
+  }
+  return response;
+}
+
+drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::NodeUnprepareResourcesRequest& request) {
+  drav1::NodeUnprepareResourcesResponse response;
+  for (const drav1::Claim& claim : request.claims()) {
+    (*response.mutable_claims())[claim.uid()];
+    auto it = prepared_.find(claim.uid());
+    if (it == prepared_.end()) continue;  // never prepared here, or already unprepared: nothing to undo
+    // The default policy: the GPUs stay on vfio-pci; only this claim's files go.
+    if (absl::Status removed = Remove(it->second); !removed.ok()) {
+      (*response.mutable_claims())[claim.uid()].set_error(absl::StrCat(ClaimRef(claim), ": ", removed.message()));
+      continue;
+    }
+    spdlog::info("DRA unprepare: {}", ClaimRef(claim));
+    prepared_.erase(it);
+  }
+  return response;
+}
+
+}  // namespace vfio_agent::dra::internal

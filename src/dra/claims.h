@@ -1,0 +1,67 @@
+// Prepare and Unprepare for GPUs already on vfio-pci (the default policy: GPUs stay there). For each claim: its
+// ResourceClaim read from the API (UID and allocation checked), every device allocated to this driver checked
+// (whole IOMMU group on a vfio driver, group node present, held by no other prepared claim), one CDI spec, a
+// KEP-5304 metadata file per request bind-mounted by that spec, and a checkpoint file. Unprepare removes all three.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kubelet_services.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::dra::internal {
+
+// One prepared device as the checkpoint keeps it and the kubelet gets it back on a repeat.
+struct PreparedDevice {
+  std::string request;  // base request name (subrequest dropped)
+  std::string pool;
+  std::string device;
+  std::string bdf;
+  std::vector<std::string> cdi_ids;
+};
+
+struct PreparedClaim {
+  std::string namespace_name;
+  std::string name;
+  std::string uid;
+  std::string boot_id;
+  std::filesystem::path cdi_spec;
+  std::filesystem::path metadata_dir;
+  std::vector<PreparedDevice> devices;
+};
+
+class ClaimPreparer final : public ClaimHandler {
+ public:
+  explicit ClaimPreparer(const DriverOptions& options);
+
+  // Reads the checkpoint directory: claims of this boot are prepared again (a repeat answers them as before,
+  // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
+  absl::Status Load();
+
+  drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request) override;
+  drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) override;
+
+ private:
+  // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
+  absl::StatusOr<PreparedClaim> PrepareOne(const drav1::Claim& claim, const pci::Inventory& inventory,
+                                           const pci::Selection& selection);
+  absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
+                           const pci::Selection& selection, const std::string& uid) const;
+  std::filesystem::path CheckpointFile(const std::string& uid) const;
+  // Removes the claim's CDI spec, metadata and checkpoint file.
+  absl::Status Remove(const PreparedClaim& claim) const;
+
+  const DriverOptions options_;
+  const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
+  std::string boot_id_;
+  std::map<std::string, PreparedClaim> prepared_;  // by claim UID
+};
+
+drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);
+
+}  // namespace vfio_agent::dra::internal

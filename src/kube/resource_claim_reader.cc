@@ -1,0 +1,83 @@
+#include "vfio_gpu_agent/kube/resource_claim_reader.h"
+
+#include "absl/strings/str_cat.h"
+#include "api_client.h"
+#include "config.h"
+#include "nlohmann/json.hpp"
+
+namespace vfio_agent::kube {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string StringAt(const Json& object, const char* key) {
+  return object.is_object() && object.contains(key) && object[key].is_string() ? object[key].get<std::string>() : "";
+}
+
+// Namespaces and names are DNS labels/subdomains; anything else would be a path injection into the URL.
+bool IsObjectName(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.')) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ResourceClaimReader::ResourceClaimReader(std::unique_ptr<ApiClient> client) : client_(std::move(client)) {}
+ResourceClaimReader::~ResourceClaimReader() = default;
+uint64_t ResourceClaimReader::requests() const { return client_->requests(); }
+
+absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namespace_name, const std::string& name,
+                                                       std::chrono::milliseconds timeout) {
+  if (!IsObjectName(namespace_name) || !IsObjectName(name)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ResourceClaim \"", namespace_name, "/", name, "\": not a valid namespace and name"));
+  }
+  const std::string path = absl::StrCat("/apis/resource.k8s.io/v1/namespaces/", namespace_name, "/resourceclaims/", name);
+  absl::StatusOr<ApiResponse> response = GetOk(*client_, path, timeout);
+  if (!response.ok()) return response.status();
+  const std::string where = absl::StrCat("GET ", client_->Url(path), ": ", response->code, " ");
+  const Json object = Json::parse(response->body, nullptr, /*allow_exceptions=*/false);
+  if (!object.is_object() || StringAt(object, "kind") != "ResourceClaim" || !object.contains("metadata")) {
+    return absl::DataLossError(absl::StrCat(where, "the answer is not a ResourceClaim"));
+  }
+  const Json& metadata = object["metadata"];
+  ResourceClaim claim;
+  claim.namespace_name = StringAt(metadata, "namespace");
+  claim.name = StringAt(metadata, "name");
+  claim.uid = StringAt(metadata, "uid");
+  if (metadata.contains("generation") && metadata["generation"].is_number_integer()) {
+    claim.generation = metadata["generation"].get<int64_t>();
+  }
+  if (metadata.contains("annotations") && metadata["annotations"].is_object()) {
+    for (const auto& [key, value] : metadata["annotations"].items()) {
+      if (value.is_string()) claim.annotations[key] = value.get<std::string>();
+    }
+  }
+  const Json* allocation = nullptr;
+  if (object.contains("status") && object["status"].is_object() && object["status"].contains("allocation") &&
+      object["status"]["allocation"].is_object()) {
+    allocation = &object["status"]["allocation"];
+  }
+  claim.allocated = allocation != nullptr;
+  if (allocation != nullptr && allocation->contains("devices") && (*allocation)["devices"].contains("results") &&
+      (*allocation)["devices"]["results"].is_array()) {
+    for (const Json& result : (*allocation)["devices"]["results"]) {
+      claim.results.push_back({.request = StringAt(result, "request"),
+                               .driver = StringAt(result, "driver"),
+                               .pool = StringAt(result, "pool"),
+                               .device = StringAt(result, "device")});
+    }
+  }
+  return claim;
+}
+
+absl::StatusOr<std::unique_ptr<ResourceClaimReader>> ConnectResourceClaimReader(const ClaimReaderOptions& options) {
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);
+  if (!config.ok()) return config.status();
+  return std::make_unique<ResourceClaimReader>(std::make_unique<ApiClient>(*std::move(config)));
+}
+
+}  // namespace vfio_agent::kube

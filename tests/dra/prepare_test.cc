@@ -1,0 +1,454 @@
+// NodePrepareResources/NodeUnprepareResources for GPUs already on vfio-pci, end to end: kubelet-dra-sim calls the
+// driver, which reads the ResourceClaim from the fake API server and checks the devices on a plain-directory sysfs.
+// The CDI spec, the KEP-5304 metadata (read by a reader written from the format: a JSON stream of which the
+// v1alpha1 object is taken) and the checkpoint are read back from disk.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "kube/api_sim_fixture.h"
+#include "kube_api_sim.h"
+#include "kubelet_dra_sim.h"
+#include "nlohmann/json.hpp"
+#include "support/sysfs_tree.h"
+#include "support/wait.h"
+#include "vfio_gpu_agent/dra/device_names.h"
+#include "vfio_gpu_agent/dra/driver.h"
+
+namespace vfio_agent::dra {
+namespace {
+
+using Json = nlohmann::json;
+namespace drav1 = kubeletsim::dra::drav1;
+using kubeletsim::dra::KubeletDraSim;
+using kubeletsim::dra::MakeClaim;
+using namespace std::chrono_literals;
+
+constexpr char kDriver[] = "gpu.vfio-agent.cozystack.io";
+constexpr char kPool[] = "node-a";
+// Eight H200s on vfio-pci, each alone in its IOMMU group 10..17.
+const std::vector<std::string> kGpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
+                                        "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"};
+constexpr char kGpuWithAudio[] = "0000:04:00.0";  // group 30 with its HDA function 0000:04:00.1 on snd_hda_intel
+constexpr char kGpuWithNic[] = "0000:05:00.0";    // group 31 with a NIC 0000:05:00.1 on i40e
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// KEP-5304's reader side: the file is a stream of JSON objects, one per metadata version; the first one of the
+// version the reader knows is taken (as KubeVirt's decoder does).
+std::optional<Json> ReadDeviceMetadata(const std::filesystem::path& path) {
+  std::istringstream in(ReadFile(path));
+  while ((in >> std::ws) && !in.eof()) {
+    Json object;
+    try {
+      in >> object;
+    } catch (const Json::exception&) {
+      return std::nullopt;
+    }
+    if (object.value("apiVersion", "") == "metadata.resource.k8s.io/v1alpha1" &&
+        object.value("kind", "") == "DeviceMetadata") {
+      return object;
+    }
+  }
+  return std::nullopt;
+}
+
+struct Allocation {
+  std::string request;
+  std::string bdf;
+  std::string driver = kDriver;
+};
+
+class DraPrepareTest : public kube::testing::KubeApiSimTest {
+ protected:
+  void SetUp() override {
+    KubeApiSimTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
+    ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+    auto reader = kube::ConnectResourceClaimReader({.kubeconfig = *kubeconfig});
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    reader_ = *std::move(reader);
+
+    testing::SysfsTree tree(dir_.path() / "sys");
+    std::filesystem::create_directories(dir_.path() / "dev/vfio");
+    for (size_t i = 0; i < kGpus.size(); ++i) {
+      AddGpu(tree, kGpus[i], 10 + static_cast<int>(i));
+    }
+    AddGpu(tree, kGpuWithAudio, 30);
+    tree.AddDevice({.bdf = "0000:04:00.1", .device = 0x22ba, .class_code = 0x040300, .driver = "snd_hda_intel",
+                    .iommu_group = 30});
+    AddGpu(tree, kGpuWithNic, 31);
+    tree.AddDevice({.bdf = "0000:05:00.1", .vendor = 0x8086, .device = 0x1572, .class_code = 0x020000,
+                    .driver = "i40e", .iommu_group = 31});
+    std::filesystem::create_directories(dir_.path() / "proc/sys/kernel/random");
+    SetBootId("boot-1");
+  }
+
+  void AddGpu(testing::SysfsTree& tree, const std::string& bdf, int group) {
+    tree.AddDevice({.bdf = bdf, .driver = "vfio-pci", .iommu_group = group});
+    std::ofstream(dir_.path() / "dev/vfio" / std::to_string(group));
+  }
+
+  void SetBootId(const std::string& id) { std::ofstream(dir_.path() / "proc/sys/kernel/random/boot_id") << id << "\n"; }
+
+  DriverOptions Options() {
+    DriverOptions options;
+    options.registry_dir = dir_.path() / "plugins_registry";
+    options.plugins_dir = dir_.path() / "plugins";
+    options.cdi_dir = dir_.path() / "cdi";
+    options.paths.sysfs_root = dir_.path() / "sys";
+    options.paths.dev_root = dir_.path() / "dev";
+    options.paths.proc_root = dir_.path() / "proc";
+    options.get_claim = [this](const std::string& ns, const std::string& name) { return reader_->Get(ns, name, 20s); };
+    return options;
+  }
+
+  // Driver and kubelet up, the driver registered.
+  void StartNode() {
+    driver_ = std::make_unique<Driver>(Options());
+    ASSERT_TRUE(driver_->Start().ok());
+    if (!kubelet_) {
+      kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
+      ASSERT_TRUE(kubelet_->Start().ok());
+    }
+    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return !k.Plugins().empty(); }, 30s));
+  }
+
+  void RestartDriver() {
+    driver_.reset();
+    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Plugins().empty(); }, 30s));
+    StartNode();
+  }
+
+  // A claim as the scheduler leaves it: allocated, one result per device.
+  void AddClaim(const std::string& name, const std::string& uid, const std::vector<Allocation>& allocations,
+                Json annotations = Json::object()) {
+    Json results = Json::array();
+    for (const Allocation& a : allocations) {
+      results.push_back({{"request", a.request}, {"driver", a.driver}, {"pool", kPool}, {"device", DeviceName(a.bdf)}});
+    }
+    Json claim = {{"metadata", {{"namespace", "vms"}, {"name", name}, {"uid", uid}, {"annotations", annotations}}},
+                  {"spec", {{"devices", {{"requests", Json::array()}}}}},
+                  {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
+    ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
+  }
+
+  absl::StatusOr<drav1::NodePrepareResourcesResponse> Prepare(const std::string& name, const std::string& uid) {
+    return kubelet_->Prepare(kDriver, {MakeClaim("vms", name, uid)});
+  }
+
+  std::filesystem::path CdiSpec(const std::string& uid) const {
+    return dir_.path() / "cdi" / absl::StrCat(kDriver, "_claim_", uid, ".json");
+  }
+  std::filesystem::path Checkpoint(const std::string& uid) const {
+    return dir_.path() / "plugins" / kDriver / "claims" / (uid + ".json");
+  }
+  std::filesystem::path MetadataFile(const std::string& claim, const std::string& request) const {
+    return dir_.path() / "plugins" / kDriver / "dra-device-metadata" / ("vms_" + claim) / request / "metadata.json";
+  }
+
+  // Checks one prepared claim of single-device requests (KubeVirt's shape) down to the files.
+  void ExpectPrepared(const drav1::NodePrepareResourceResponse& response, const std::string& claim,
+                      const std::string& uid, const std::vector<Allocation>& allocations) {
+    ASSERT_EQ(response.error(), "");
+    ASSERT_EQ(response.devices_size(), static_cast<int>(allocations.size()));
+    const Json spec = Json::parse(ReadFile(CdiSpec(uid)));
+    EXPECT_EQ(spec["kind"], std::string(kDriver) + "/claim");
+    std::map<std::string, Json> cdi_devices;
+    for (const Json& device : spec["devices"]) cdi_devices[device["name"]] = device["containerEdits"];
+    for (size_t i = 0; i < allocations.size(); ++i) {
+      const drav1::Device& device = response.devices(static_cast<int>(i));
+      const Allocation& a = allocations[i];
+      EXPECT_EQ(device.device_name(), DeviceName(a.bdf));
+      EXPECT_EQ(device.pool_name(), kPool);
+      ASSERT_EQ(device.request_names_size(), 1);
+      EXPECT_EQ(device.request_names(0), a.request);
+      const std::string gpu_cdi = absl::StrCat(uid, "-", DeviceName(a.bdf));
+      const std::string metadata_cdi = absl::StrCat(uid, "-metadata-", a.request);
+      ASSERT_EQ(device.cdi_device_ids_size(), 2);
+      EXPECT_EQ(device.cdi_device_ids(0), absl::StrCat(kDriver, "/claim=", gpu_cdi));
+      EXPECT_EQ(device.cdi_device_ids(1), absl::StrCat(kDriver, "/claim=", metadata_cdi));
+      // The VFIO nodes of the GPU's group.
+      const int group = 10 + static_cast<int>(std::find(kGpus.begin(), kGpus.end(), a.bdf) - kGpus.begin());
+      ASSERT_TRUE(cdi_devices.contains(gpu_cdi));
+      EXPECT_EQ(cdi_devices[gpu_cdi]["deviceNodes"],
+                Json::parse(absl::StrCat(R"([{"path":"/dev/vfio/vfio","permissions":"rw"},{"path":"/dev/vfio/)", group,
+                                         R"(","permissions":"rw"}])")));
+      // The metadata file, bind-mounted where KubeVirt looks for it.
+      ASSERT_TRUE(cdi_devices.contains(metadata_cdi));
+      const Json mount = cdi_devices[metadata_cdi]["mounts"][0];
+      EXPECT_EQ(mount["hostPath"], MetadataFile(claim, a.request).string());
+      EXPECT_EQ(mount["containerPath"],
+                absl::StrCat("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/", claim, "/", a.request, "/",
+                             kDriver, "-metadata.json"));
+      EXPECT_EQ(mount["options"], Json::parse(R"(["ro","bind"])"));
+      std::optional<Json> metadata = ReadDeviceMetadata(MetadataFile(claim, a.request));
+      ASSERT_TRUE(metadata.has_value()) << MetadataFile(claim, a.request);
+      EXPECT_EQ((*metadata)["metadata"]["uid"], uid);
+      EXPECT_EQ((*metadata)["metadata"]["name"], claim);
+      ASSERT_EQ((*metadata)["requests"].size(), 1u);
+      EXPECT_EQ((*metadata)["requests"][0]["name"], a.request);
+      ASSERT_EQ((*metadata)["requests"][0]["devices"].size(), 1u);  // KubeVirt takes exactly one device
+      const Json& entry = (*metadata)["requests"][0]["devices"][0];
+      EXPECT_EQ(entry["driver"], kDriver);
+      EXPECT_EQ(entry["name"], DeviceName(a.bdf));
+      EXPECT_EQ(entry["attributes"]["resource.kubernetes.io/pciBusID"]["string"], a.bdf);
+    }
+    const Json checkpoint = Json::parse(ReadFile(Checkpoint(uid)));
+    EXPECT_EQ(checkpoint["bootID"], "boot-1");
+    EXPECT_EQ(checkpoint["devices"].size(), allocations.size());
+  }
+
+  std::unique_ptr<kube::ResourceClaimReader> reader_;
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<KubeletDraSim> kubelet_;
+};
+
+std::vector<Allocation> OnePerRequest(size_t first, size_t count) {
+  std::vector<Allocation> allocations;
+  for (size_t i = 0; i < count; ++i) allocations.push_back({absl::StrCat("gpu", i), kGpus[first + i]});
+  return allocations;
+}
+
+TEST_F(DraPrepareTest, PreparesClaimsOfOneTwoAndEightGpus) {
+  StartNode();
+  AddClaim("one", "uid-one", OnePerRequest(0, 1));
+  AddClaim("two", "uid-two", OnePerRequest(1, 2));
+  AddClaim("eight", "uid-eight", OnePerRequest(0, 8));
+  auto one = Prepare("one", "uid-one");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ExpectPrepared(one->claims().at("uid-one"), "one", "uid-one", OnePerRequest(0, 1));
+  auto two = Prepare("two", "uid-two");
+  ASSERT_TRUE(two.ok()) << two.status();
+  ExpectPrepared(two->claims().at("uid-two"), "two", "uid-two", OnePerRequest(1, 2));
+
+  ASSERT_TRUE(kubelet_->Unprepare(kDriver, {MakeClaim("vms", "one", "uid-one"), MakeClaim("vms", "two", "uid-two")}).ok());
+  auto eight = Prepare("eight", "uid-eight");
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  ExpectPrepared(eight->claims().at("uid-eight"), "eight", "uid-eight", OnePerRequest(0, 8));
+}
+
+TEST_F(DraPrepareTest, ARepeatAnswersWhatTheFirstCallPreparedWithoutAnotherRead) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 2));
+  auto first = Prepare("vm", "uid-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = Prepare("vm", "uid-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(first->SerializeAsString(), again->SerializeAsString());
+  EXPECT_EQ(api_->Count("GET", "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm", "200"), 1);
+}
+
+TEST_F(DraPrepareTest, AnUnknownClaimIsThatClaimsErrorAndUnprepareOfItSucceeds) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  auto response = kubelet_->Prepare(kDriver, {MakeClaim("vms", "gone", "uid-gone"), MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_NE(response->claims().at("uid-gone").error().find("resourceclaims.resource.k8s.io \"gone\" not found"),
+            std::string::npos)
+      << response->claims().at("uid-gone").error();
+  EXPECT_EQ(response->claims().at("uid-1").error(), "");  // one claim's failure is not the other's
+  auto unprepared = kubelet_->Unprepare(kDriver, {MakeClaim("vms", "never", "uid-never")});
+  ASSERT_TRUE(unprepared.ok()) << unprepared.status();
+  EXPECT_EQ(unprepared->claims().at("uid-never").error(), "");
+}
+
+TEST_F(DraPrepareTest, AClaimWhoseUidDiffersWasReplacedAndIsRefused) {
+  StartNode();
+  AddClaim("vm", "uid-new", OnePerRequest(0, 1));
+  auto response = Prepare("vm", "uid-old");
+  ASSERT_TRUE(response.ok()) << response.status();
+  const std::string error = response->claims().at("uid-old").error();
+  EXPECT_NE(error.find("the API has UID uid-new for this name (the claim was replaced)"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-old")));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-old")));
+}
+
+TEST_F(DraPrepareTest, AClaimNotAllocatedToThisDriverIsRefused) {
+  StartNode();
+  AddClaim("nvidia", "uid-1", {{.request = "gpu", .bdf = kGpus[0], .driver = "gpu.nvidia.com"}});
+  auto response = Prepare("nvidia", "uid-1");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_NE(response->claims().at("uid-1").error().find("no device allocated to driver gpu.vfio-agent.cozystack.io"),
+            std::string::npos);
+}
+
+TEST_F(DraPrepareTest, ADeviceAnotherPreparedClaimHoldsIsRefused) {
+  StartNode();
+  AddClaim("first", "uid-1", OnePerRequest(0, 2));
+  AddClaim("second", "uid-2", OnePerRequest(1, 1));
+  ASSERT_EQ(Prepare("first", "uid-1")->claims().at("uid-1").error(), "");
+  const std::string error = Prepare("second", "uid-2")->claims().at("uid-2").error();
+  EXPECT_NE(error.find("device gpu-0000-2a-00-0 (0000:2a:00.0) is held by prepared claim vms/first (uid-1)"),
+            std::string::npos)
+      << error;
+  // Once the first is unprepared, the device is free again.
+  ASSERT_TRUE(kubelet_->Unprepare(kDriver, {MakeClaim("vms", "first", "uid-1")}).ok());
+  EXPECT_EQ(Prepare("second", "uid-2")->claims().at("uid-2").error(), "");
+}
+
+TEST_F(DraPrepareTest, AGroupWithACompanionOffVfioOrAForeignEndpointIsRefusedWithTheReason) {
+  StartNode();
+  AddClaim("audio", "uid-a", {{.request = "gpu", .bdf = kGpuWithAudio}});
+  AddClaim("nic", "uid-n", {{.request = "gpu", .bdf = kGpuWithNic}});
+  const std::string audio = Prepare("audio", "uid-a")->claims().at("uid-a").error();
+  EXPECT_NE(audio.find("IOMMU group 30 member 0000:04:00.1 is on driver snd_hda_intel, not vfio-pci"),
+            std::string::npos)
+      << audio;
+  const std::string nic = Prepare("nic", "uid-n")->claims().at("uid-n").error();
+  EXPECT_NE(nic.find("IOMMU group 31 also holds 0000:05:00.1 (8086:1572, driver i40e)"), std::string::npos) << nic;
+}
+
+TEST_F(DraPrepareTest, AMissingGroupNodeIsRefused) {
+  StartNode();
+  std::filesystem::remove(dir_.path() / "dev/vfio/10");
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  const std::string error = Prepare("vm", "uid-1")->claims().at("uid-1").error();
+  EXPECT_NE(error.find("dev/vfio/10 does not exist"), std::string::npos) << error;
+}
+
+TEST_F(DraPrepareTest, UnprepareRemovesTheCdiSpecTheMetadataAndTheCheckpointAndLeavesTheGpuOnVfio) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  ASSERT_EQ(Prepare("vm", "uid-1")->claims().at("uid-1").error(), "");
+  ASSERT_TRUE(std::filesystem::exists(CdiSpec("uid-1")));
+  auto response = kubelet_->Unprepare(kDriver, {MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->claims().at("uid-1").error(), "");
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-1")));
+  EXPECT_FALSE(std::filesystem::exists(MetadataFile("vm", "gpu0")));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-1")));
+  EXPECT_EQ(std::filesystem::read_symlink(dir_.path() / "sys/bus/pci/devices" / kGpus[0] / "driver").filename(),
+            "vfio-pci");
+}
+
+TEST_F(DraPrepareTest, AClaimFromATemplateIsMountedUnderThePodsClaimName) {
+  StartNode();
+  AddClaim("vm-gpu-x7k2p", "uid-1", OnePerRequest(0, 1), {{"resource.kubernetes.io/pod-claim-name", "gpu"}});
+  ASSERT_EQ(Prepare("vm-gpu-x7k2p", "uid-1")->claims().at("uid-1").error(), "");
+  const Json spec = Json::parse(ReadFile(CdiSpec("uid-1")));
+  EXPECT_EQ(spec["devices"][1]["containerEdits"]["mounts"][0]["containerPath"],
+            absl::StrCat("/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu0/", kDriver,
+                         "-metadata.json"));
+  EXPECT_EQ((*ReadDeviceMetadata(MetadataFile("vm-gpu-x7k2p", "gpu0")))["podClaimName"], "gpu");
+}
+
+TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsThem) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  AddClaim("other", "uid-2", OnePerRequest(0, 1));
+  auto first = Prepare("vm", "uid-1");
+  ASSERT_EQ(first->claims().at("uid-1").error(), "");
+
+  RestartDriver();
+  auto again = Prepare("vm", "uid-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(first->SerializeAsString(), again->SerializeAsString());
+  EXPECT_EQ(api_->Count("GET", "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm", "200"), 1);
+  EXPECT_NE(Prepare("other", "uid-2")->claims().at("uid-2").error().find("is held by prepared claim vms/vm"),
+            std::string::npos);
+
+  SetBootId("boot-2");
+  RestartDriver();
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-1")));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-1")));
+  EXPECT_EQ(Prepare("other", "uid-2")->claims().at("uid-2").error(), "");
+}
+
+TEST_F(DraPrepareTest, AClaimTheAgentMayNotReadIsThatClaimsError) {
+  StartNode();
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  ASSERT_TRUE(api_->Control("deny get resourceclaims.resource.k8s.io").ok());
+  const std::string error = Prepare("vm", "uid-1")->claims().at("uid-1").error();
+  EXPECT_NE(error.find("cannot get resource \"resourceclaims\" in API group \"resource.k8s.io\""), std::string::npos)
+      << error;
+}
+
+// pid of `vfio-gpu-agent args...`, its output in <dir>/agent.log.
+pid_t SpawnAgent(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  std::vector<std::string> argv_strings = {VFIO_AGENT_BINARY};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  if (!testing::WaitUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; })) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) {
+  const DriverOptions options = Options();
+  const std::filesystem::path device_plugins = dir_.path() / "device-plugins";
+  std::filesystem::create_directories(device_plugins);
+  const pid_t agent = SpawnAgent(
+      {"serve", "--kubelet-api", "dra", "--kubelet-registry-dir", options.registry_dir.string(),
+       "--kubelet-plugins-dir", options.plugins_dir.string(), "--cdi-dir", options.cdi_dir.string(), "--sysfs-root",
+       options.paths.sysfs_root.string(), "--dev-root", options.paths.dev_root.string(), "--proc-root",
+       options.paths.proc_root.string(), "--kubelet-dir", device_plugins.string(), "--kubeconfig",
+       (dir_.path() / "kubeconfig").string()},
+      dir_.path() / "agent.log");
+  ASSERT_GT(agent, 0);
+  kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = options.registry_dir});
+  ASSERT_TRUE(kubelet_->Start().ok());
+  ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Count("register") == 1; }, 30s))
+      << ReadFile(dir_.path() / "agent.log");
+  AddClaim("vm", "uid-1", OnePerRequest(0, 1));
+  auto response = Prepare("vm", "uid-1");
+  ASSERT_TRUE(response.ok()) << response.status();
+  ExpectPrepared(response->claims().at("uid-1"), "vm", "uid-1", OnePerRequest(0, 1));
+  EXPECT_TRUE(std::filesystem::is_empty(device_plugins));  // one kubelet API at a time
+
+  ::kill(agent, SIGTERM);
+  EXPECT_EQ(WaitExit(agent), 0) << ReadFile(dir_.path() / "agent.log");
+  EXPECT_FALSE(std::filesystem::exists(RegistrationSocket(options)));
+  EXPECT_FALSE(std::filesystem::exists(DraSocket(options)));
+  EXPECT_TRUE(std::filesystem::exists(CdiSpec("uid-1")));  // a running VM's claim outlives the agent
+}
+
+TEST_F(DraPrepareTest, UnknownKubeletApiIsAUsageError) {
+  EXPECT_EQ(WaitExit(SpawnAgent({"serve", "--kubelet-api", "csi"}, dir_.path() / "agent.log")), 2);
+  EXPECT_NE(ReadFile(dir_.path() / "agent.log").find("--kubelet-api \"csi\": device-plugin or dra"), std::string::npos);
+}
+
+TEST(DraDeviceNamesTest, TheNameIsThePciAddressAndBack) {
+  EXPECT_EQ(DeviceName("0000:3b:00.0"), "gpu-0000-3b-00-0");
+  EXPECT_EQ(DeviceName("0001:e1:1f.7"), "gpu-0001-e1-1f-7");
+  EXPECT_EQ(*BdfOfDevice("gpu-0000-3b-00-0"), "0000:3b:00.0");
+  EXPECT_EQ(*BdfOfDevice(DeviceName("0001:e1:1f.7")), "0001:e1:1f.7");
+  EXPECT_FALSE(BdfOfDevice("gpu-vfio-0").ok());
+  EXPECT_FALSE(BdfOfDevice("gpu-0000-3B-00-0").ok());
+  EXPECT_FALSE(BdfOfDevice("gpu-0000-3b-00-8").ok());
+  EXPECT_FALSE(BdfOfDevice("nic-0000-3b-00-0").ok());
+  EXPECT_LE(DeviceName("ffff:ff:1f.7").size(), 63u);
+}
+
+}  // namespace
+}  // namespace vfio_agent::dra
