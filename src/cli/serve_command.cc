@@ -169,10 +169,8 @@ int RunServe(const std::vector<std::string>& args, std::ostream& out) {
   ParsedCommand cmd;
   if (auto exit = ParseCommand("serve",
                                "Advertises every vfio-bound GPU to the kubelet (Device Plugin API v1beta1), one resource\n"
-                               "per name, and keeps the device list live (--workload vm-vgpu: every vGPU, one resource per
-"
-                               "vGPU type); with --kubelet-api dra, serves as a kubelet DRA driver instead. Runs until
-"
+                               "per name, and keeps the device list live (--workload vm-vgpu: every vGPU, one resource per\n"
+                               "vGPU type); with --kubelet-api dra, serves as a kubelet DRA driver instead. Runs until\n"
                                "SIGTERM; never binds or unbinds anything.",
                                ServeCommandFlags(), args, out, &cmd)) {
     return *exit;

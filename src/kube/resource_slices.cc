@@ -23,14 +23,6 @@ struct ExistingSlice {
   std::vector<SliceDevice> devices;  // sorted by name
 };
 
-std::string ServerMessage(const ApiResponse& response) {
-  const Json body = Json::parse(response.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_object() && body.contains("message") && body["message"].is_string()) {
-    return body["message"].get<std::string>();
-  }
-  return response.body.substr(0, 200);
-}
-
 // What a request's answer means to the caller: its error, with the request and the server's words.
 absl::Status AnswerStatus(const absl::StatusOr<ApiResponse>& response, const std::string& request) {
   if (!response.ok()) return response.status();
