@@ -218,7 +218,7 @@ TEST_F(VgpuSnapshotTest, MdevHealthGroupNodeParentDriverRemoval) {
       kT4_1Q, kMdevA, [&] { tree_.BindDriver(kT4Parent, ""); }, "parent 0000:3b:00.0 lost its driver",
       [&] { tree_.BindDriver(kT4Parent, "nvidia"); });
 
-  vt::RemoveMdev(tree_, kMdevA, kT4Parent);
+  vt::RemoveMdev(tree_, kMdevA);
   const std::string removed = "mdev removed (no " + (tree_.root() / "bus/mdev/devices" / kMdevA).string() + ")";
   VgpuSnapshot s = Build();
   EXPECT_EQ(State(s, kT4_1Q, kMdevA), removed);

@@ -1,6 +1,6 @@
 // vGPU additions to a SysfsTree (support/sysfs_tree.h), laid down as the kernel and NVIDIA's vGPU manager show
-// them: mdev parents and instances, and the nvidia/ attributes of SR-IOV vGPU functions. Local to the vGPU and
-// plugin tests until the shared tree builder has them.
+// them: mdev parents and instances, and the nvidia/ attributes of SR-IOV vGPU functions as raw text (so a test can
+// lay malformed or oddly spaced files).
 #pragma once
 
 #include <filesystem>
@@ -19,47 +19,28 @@ inline void Write(const stdfs::path& path, const std::string& content) {
   std::ofstream(path) << content;
 }
 
-inline void RelativeLink(const stdfs::path& target, const stdfs::path& link) {
-  stdfs::create_directories(link.parent_path());
-  stdfs::remove(link);
-  stdfs::create_symlink(target.lexically_relative(link.parent_path()), link);
-}
-
 struct TypeSpec {
   std::string id;    // "nvidia-222"
   std::string name;  // "GRID T4-1Q"
   int available = 16;
 };
 
-// class/mdev_bus/<bdf> -> the device, with mdev_supported_types/<id>/{name,available_instances,create}.
+// The mdev layout is the shared tree builder's (SysfsTree::AddMdevParent/AddMdev/RemoveMdev, which the simulator
+// test checks against sysfs-sim); these keep the vGPU tests' short call forms.
 inline void AddMdevParent(SysfsTree& tree, const std::string& bdf, const std::vector<TypeSpec>& types) {
-  const stdfs::path dir = tree.DeviceDir(bdf);
+  std::vector<FakeMdevType> fakes;
   for (const TypeSpec& type : types) {
-    const stdfs::path type_dir = dir / "mdev_supported_types" / type.id;
-    Write(type_dir / "name", type.name + "\n");
-    Write(type_dir / "available_instances", std::to_string(type.available) + "\n");
-    Write(type_dir / "create", "");
+    fakes.push_back({.id = type.id, .name = type.name, .available_instances = type.available});
   }
-  RelativeLink(dir, tree.root() / "class/mdev_bus" / bdf);
+  tree.AddMdevParent(bdf, fakes);
 }
 
-// <parent dir>/<uuid> with mdev_type and iommu_group links; bus/mdev/devices/<uuid> -> it; and the group.
 inline void AddMdev(SysfsTree& tree, const std::string& uuid, const std::string& parent_bdf,
                     const std::string& type_id, int group) {
-  const stdfs::path dir = tree.DeviceDir(parent_bdf) / uuid;
-  stdfs::create_directories(dir);
-  RelativeLink(tree.DeviceDir(parent_bdf) / "mdev_supported_types" / type_id, dir / "mdev_type");
-  const stdfs::path group_dir = tree.root() / "kernel/iommu_groups" / std::to_string(group);
-  RelativeLink(dir, group_dir / "devices" / uuid);
-  RelativeLink(group_dir, dir / "iommu_group");
-  RelativeLink(dir, tree.root() / "bus/mdev/devices" / uuid);
+  tree.AddMdev({.uuid = uuid, .parent = parent_bdf, .type_id = type_id, .iommu_group = group});
 }
 
-// What `remove` does: the instance and its links go.
-inline void RemoveMdev(SysfsTree& tree, const std::string& uuid, const std::string& parent_bdf) {
-  stdfs::remove(tree.root() / "bus/mdev/devices" / uuid);
-  stdfs::remove_all(tree.DeviceDir(parent_bdf) / uuid);
-}
+inline void RemoveMdev(SysfsTree& tree, const std::string& uuid) { tree.RemoveMdev(uuid); }
 
 inline void SetVgpuType(SysfsTree& tree, const std::string& bdf, const std::string& content) {
   Write(tree.DeviceDir(bdf) / "nvidia/current_vgpu_type", content);
