@@ -10,7 +10,7 @@ PACKAGES=(
   libfuse3-dev fuse3
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev libcivetweb-dev
-  python3 stress-ng clang libclang-rt-14-dev
+  python3 stress-ng clang libclang-rt-14-dev lld
   python3-yaml mmdebstrap umoci unzip
 )
 # npm fetches the Helm/kubectl tarball below; a machine image may bring its own Node.js.

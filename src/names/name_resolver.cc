@@ -21,7 +21,6 @@ namespace vfio_agent::names {
 namespace {
 
 constexpr uint16_t kNvidiaVendor = 0x10de;
-constexpr size_t kMaxNamePart = 63;
 // Each round gives colliding ids a longer, key-unique suffix; real inputs settle in one or two.
 constexpr int kMaxCollisionRounds = 8;
 
@@ -41,7 +40,7 @@ std::string RepairNamePart(std::string_view name, uint16_t device_id) {
   for (char c : name) {
     if (IsNameChar(c)) kept.push_back(c);
   }
-  if (kept.size() > kMaxNamePart) kept.resize(kMaxNamePart);
+  if (kept.size() > kMaxResourceNamePart) kept.resize(kMaxResourceNamePart);
   size_t first = 0;
   while (first < kept.size() && !absl::ascii_isalnum(kept[first])) ++first;
   size_t last = kept.size();
@@ -52,7 +51,7 @@ std::string RepairNamePart(std::string_view name, uint16_t device_id) {
 
 // `name` is valid, so it starts with an alphanumeric character and the cut base is never empty.
 std::string WithSuffix(std::string_view name, std::string_view suffix) {
-  std::string base(name.substr(0, std::min(name.size(), kMaxNamePart - suffix.size())));
+  std::string base(name.substr(0, std::min(name.size(), kMaxResourceNamePart - suffix.size())));
   while (base.size() > 1 && !absl::ascii_isalnum(base.back())) base.pop_back();
   return absl::StrCat(base, AsAbsl(suffix));
 }

@@ -12,7 +12,6 @@
 namespace vfio_agent::names {
 namespace {
 
-constexpr size_t kMaxNamePart = 63;
 // 253 for "requests." + domain, as the kubelet validates the quota form of the name.
 constexpr size_t kMaxDomain = 253 - (sizeof("requests.") - 1);
 
@@ -65,9 +64,9 @@ absl::Status Invalid(std::string_view resource_name, const absl::Status& why) {
 
 absl::Status ValidateResourceNamePart(std::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("the name part is empty");
-  if (name.size() > kMaxNamePart) {
+  if (name.size() > kMaxResourceNamePart) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the name part is ", name.size(), " characters, at most ", kMaxNamePart, " allowed"));
+        absl::StrCat("the name part is ", name.size(), " characters, at most ", kMaxResourceNamePart, " allowed"));
   }
   if (!absl::ascii_isalnum(name.front()) || !absl::ascii_isalnum(name.back())) {
     return absl::InvalidArgumentError("the name part must start and end with [A-Za-z0-9]");

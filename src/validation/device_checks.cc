@@ -25,7 +25,7 @@ using internal::CheckBuilder;
 using internal::IsCharDevice;
 using internal::ReadForEvidence;
 
-constexpr Layer kLayer = Layer::kDevices;
+constexpr Layer kDeviceLayer = Layer::kDevices;
 constexpr uint64_t kResourceMem64 = 0x00100000;  // IORESOURCE_MEM_64
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 // OVMF's fixed 64-bit PCI MMIO window before it was sized from the guest's physical address bits.
@@ -74,7 +74,7 @@ std::string Describe(const pci::Function& fn) {
 // selected function is on nvidia.
 Check DeviceDriver(const NodeView& node, const pci::Function& fn,
                    std::optional<std::vector<binding::Holder>>& nvidia_holders) {
-  CheckBuilder check("device.driver", kLayer, fn.bdf);
+  CheckBuilder check("device.driver", kDeviceLayer, fn.bdf);
   check.Saw((node.paths.PciDevice(fn.bdf) / "driver").string(), fn.driver.empty() ? "(none)" : fn.driver)
       .Saw((node.paths.PciDevice(fn.bdf) / "driver_override").string(),
            fn.driver_override.empty() ? "(null)" : fn.driver_override);
@@ -98,7 +98,7 @@ Check DeviceDriver(const NodeView& node, const pci::Function& fn,
 }
 
 Check SriovMode(const NodeView& node, const pci::Function& fn) {
-  CheckBuilder check("device.sriov_mode", kLayer, fn.bdf);
+  CheckBuilder check("device.sriov_mode", kDeviceLayer, fn.bdf);
   const std::filesystem::path dir = node.paths.PciDevice(fn.bdf);
   const std::string numvfs = ReadForEvidence(dir / "sriov_numvfs");
   const std::filesystem::path mdev = node.paths.sysfs_root / "class/mdev_bus" / fn.bdf;
@@ -124,7 +124,7 @@ Check SriovMode(const NodeView& node, const pci::Function& fn) {
 }
 
 Check Bars(const NodeView& node, const pci::Function& fn) {
-  CheckBuilder check("device.bars", kLayer, fn.bdf);
+  CheckBuilder check("device.bars", kDeviceLayer, fn.bdf);
   const std::filesystem::path resource = node.paths.PciDevice(fn.bdf) / "resource";
   const std::vector<Bar> bars = ReadBars(resource);
   std::vector<std::string> seen, unassigned;
@@ -142,7 +142,7 @@ Check Bars(const NodeView& node, const pci::Function& fn) {
 }
 
 Check PowerState(const NodeView& node, const pci::Function& fn) {
-  CheckBuilder check("device.power_state", kLayer, fn.bdf);
+  CheckBuilder check("device.power_state", kDeviceLayer, fn.bdf);
   const std::filesystem::path dir = node.paths.PciDevice(fn.bdf);
   const std::string state = internal::ReadPowerState(node.paths, fn.bdf);
   check.Saw((dir / "power_state").string(), state.empty() ? "(absent)" : state);
@@ -173,7 +173,7 @@ Check PowerState(const NodeView& node, const pci::Function& fn) {
 }
 
 Check ResetMethod(const NodeView& node, const pci::Function& fn) {
-  CheckBuilder check("device.reset_method", kLayer, fn.bdf);
+  CheckBuilder check("device.reset_method", kDeviceLayer, fn.bdf);
   const std::filesystem::path dir = node.paths.PciDevice(fn.bdf);
   auto methods = fs::ReadTrimmed(dir / "reset_method");
   check.Saw((dir / "reset_method").string(), methods.ok() ? (methods->empty() ? "(empty)" : *methods) : "(absent)");
@@ -190,7 +190,7 @@ Check ResetMethod(const NodeView& node, const pci::Function& fn) {
 // Every member other than the selected functions themselves (device.driver judges those): a companion or a
 // foreign endpoint on a host driver keeps VFIO from opening the group.
 Check GroupViable(const NodeView& node, const pci::GroupAssessment& group) {
-  CheckBuilder check("group.viable", kLayer, absl::StrCat("group ", group.id));
+  CheckBuilder check("group.viable", kDeviceLayer, absl::StrCat("group ", group.id));
   const std::filesystem::path dir = node.paths.IommuGroups() / std::to_string(group.id) / "devices";
   std::vector<std::string> members, companions, foreign;
   for (const pci::Member& member : group.members) {
@@ -223,7 +223,7 @@ Check GroupViable(const NodeView& node, const pci::GroupAssessment& group) {
 }
 
 Check GroupDevnode(const NodeView& node, const pci::GroupAssessment& group) {
-  CheckBuilder check("group.devnode", kLayer, absl::StrCat("group ", group.id));
+  CheckBuilder check("group.devnode", kDeviceLayer, absl::StrCat("group ", group.id));
   std::vector<const pci::Function*> on_vfio;
   for (const pci::Member& member : group.members) {
     const pci::Function* fn = node.inventory->Find(member.bdf);
@@ -262,7 +262,7 @@ std::vector<Check> StrandedOverrides(const NodeView& node) {
   for (const std::string& bdf : functions) {
     const pci::Function* fn = node.inventory->Find(bdf);
     if (fn == nullptr || fn->driver_override.empty() || !fn->driver.empty()) continue;
-    CheckBuilder check("device.stranded_override", kLayer, bdf);
+    CheckBuilder check("device.stranded_override", kDeviceLayer, bdf);
     check.Saw((node.paths.PciDevice(bdf) / "driver_override").string(), fn->driver_override)
         .Saw((node.paths.PciDevice(bdf) / "driver").string(), "(none)");
     checks.push_back(check.Fail(
@@ -271,7 +271,7 @@ std::vector<Check> StrandedOverrides(const NodeView& node) {
                      (node.paths.sysfs_root / "bus/pci/drivers_probe").string(), ")")));
   }
   if (checks.empty()) {
-    checks.push_back(CheckBuilder("device.stranded_override", kLayer, "node")
+    checks.push_back(CheckBuilder("device.stranded_override", kDeviceLayer, "node")
                          .Saw("driver_override of the selected functions and companions",
                               absl::StrCat(functions.size(), " read, none stranded"))
                          .Pass("no driver_override left without a driver"));
@@ -335,7 +335,7 @@ Check BoardOnVfio(const NodeView& node, CheckBuilder& check, const std::vector<s
 }
 
 Check NvSwitchPassthrough(const NodeView& node) {
-  CheckBuilder check("nvswitch.passthrough", kLayer, "node");
+  CheckBuilder check("nvswitch.passthrough", kDeviceLayer, "node");
   std::vector<std::string> switches, not_passed;
   for (const pci::Function& fn : node.inventory->functions()) {
     if (!IsNvSwitch(fn)) continue;
@@ -363,7 +363,7 @@ Check NvSwitchPassthrough(const NodeView& node) {
 // Full passthrough only. A Fabric Manager on the node holds the switches (/dev/nvidia-nvswitch*), so they cannot
 // move to vfio-pci, and with them on vfio-pci it has nothing to manage: only the guest's may run.
 Check FabricManagerOffNode(const NodeView& node) {
-  CheckBuilder check("nvswitch.fabric_manager", kLayer, "node");
+  CheckBuilder check("nvswitch.fabric_manager", kDeviceLayer, "node");
   const std::string fm = FindFabricManager(node.paths.proc_root);
   check.Saw((node.paths.proc_root / "*/comm").string(), fm.empty() ? "no nv-fabricmanager" : "nv-fabricmanager pid " + fm);
   if (fm.empty()) return check.Pass("no Fabric Manager on the node: it runs in the guest that gets the board");
@@ -386,7 +386,7 @@ int PhysicalAddressBits(const std::filesystem::path& cpuinfo) {
 }
 
 Check MmioWindow(const NodeView& node) {
-  CheckBuilder check("device.mmio_window", kLayer, "node");
+  CheckBuilder check("device.mmio_window", kDeviceLayer, "node");
   uint64_t total = 0;
   int gpus = 0;
   for (const std::string& bdf : node.selection->gpus) {
@@ -429,7 +429,7 @@ std::vector<Check> DeviceChecks(const NodeView& node) {
   for (const std::string& bdf : node.selection->gpus) {
     const pci::Function* fn = node.inventory->Find(bdf);
     if (fn == nullptr) {
-      checks.push_back(CheckBuilder("device.driver", kLayer, bdf).Fail(
+      checks.push_back(CheckBuilder("device.driver", kDeviceLayer, bdf).Fail(
           "attributes unreadable (see `vfio-gpu-agent inspect` scan errors)", "Check dmesg for this device"));
       continue;
     }
@@ -440,7 +440,7 @@ std::vector<Check> DeviceChecks(const NodeView& node) {
     checks.push_back(ResetMethod(node, *fn));
   }
   for (const std::string& bdf : node.selection->unisolated) {
-    checks.push_back(CheckBuilder("group.viable", kLayer, bdf)
+    checks.push_back(CheckBuilder("group.viable", kDeviceLayer, bdf)
                          .Saw((node.paths.PciDevice(bdf) / "iommu_group").string(), "(absent)")
                          .Skip("no IOMMU group (see iommu.enabled)"));
   }

@@ -12,7 +12,7 @@ namespace vfio_agent::validation {
 namespace {
 
 using internal::CheckBuilder;
-constexpr Layer kLayer = Layer::kFabric;
+constexpr Layer kFabricLayer = Layer::kFabric;
 
 bool IsNvSwitchFunction(const pci::Function& fn) {
   return fn.vendor_id == pci::kVendorNvidia && (fn.class_code >> 8) == (pci::kClassBridgeOther >> 8);
@@ -20,7 +20,7 @@ bool IsNvSwitchFunction(const pci::Function& fn) {
 
 std::vector<Check> SkipRest(std::vector<Check> out, const std::string& why) {
   for (const char* id : {"fabric.partitions", "fabric.gpus", "fabric.nvswitches"}) {
-    out.push_back(CheckBuilder(id, kLayer, "node").Skip(why));
+    out.push_back(CheckBuilder(id, kFabricLayer, "node").Skip(why));
   }
   return out;
 }
@@ -30,11 +30,11 @@ std::vector<Check> SkipRest(std::vector<Check> out, const std::string& why) {
 std::vector<Check> FabricChecks(const NodeView& node, const std::optional<FabricRead>& read) {
   std::vector<Check> out;
   if (!read) {
-    CheckBuilder check("fabric.reachable", kLayer, "node");
+    CheckBuilder check("fabric.reachable", kFabricLayer, "node");
     return SkipRest({check.Skip("not checked: no --fabric-manager (shared-NVSwitch mode not in use on this node)")},
                     "not checked: no --fabric-manager");
   }
-  CheckBuilder reachable("fabric.reachable", kLayer, read->address);
+  CheckBuilder reachable("fabric.reachable", kFabricLayer, read->address);
   reachable.Saw(absl::StrCat("Fabric Manager ", read->address),
                 read->table.ok() ? absl::StrCat(read->table->partitions().size(), " supported partitions")
                                  : std::string(read->table.status().message()));
@@ -66,7 +66,7 @@ std::vector<Check> FabricChecks(const NodeView& node, const std::optional<Fabric
   out.push_back(reachable.Pass("Fabric Manager answers in shared-NVSwitch mode"));
   const fabric::PartitionTable& table = *read->table;
 
-  CheckBuilder partitions("fabric.partitions", kLayer, "node");
+  CheckBuilder partitions("fabric.partitions", kFabricLayer, "node");
   std::vector<std::string> listed, active;
   for (const fabric::Partition& partition : table.partitions()) {
     listed.push_back(fabric::Describe(partition));
@@ -83,7 +83,7 @@ std::vector<Check> FabricChecks(const NodeView& node, const std::optional<Fabric
                                                " GPUs; ", active.size(), " active")));
   }
 
-  CheckBuilder gpus("fabric.gpus", kLayer, "node");
+  CheckBuilder gpus("fabric.gpus", kFabricLayer, "node");
   std::vector<std::string> outside;
   std::vector<std::string> selected;
   if (node.selection != nullptr) {
@@ -102,7 +102,7 @@ std::vector<Check> FabricChecks(const NodeView& node, const std::optional<Fabric
     out.push_back(gpus.Pass(absl::StrCat("every selected GPU (", selected.size(), ") is in a supported partition")));
   }
 
-  CheckBuilder switches("fabric.nvswitches", kLayer, "node");
+  CheckBuilder switches("fabric.nvswitches", kFabricLayer, "node");
   std::vector<std::string> seen, on_vfio;
   if (node.inventory != nullptr) {
     for (const pci::Function& fn : node.inventory->functions()) {

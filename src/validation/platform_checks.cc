@@ -19,7 +19,7 @@ using internal::CheckBuilder;
 using internal::IsCharDevice;
 using internal::ReadForEvidence;
 
-constexpr Layer kLayer = Layer::kPlatform;
+constexpr Layer kPlatformLayer = Layer::kPlatform;
 constexpr uint64_t kEcapInterruptRemapping = 1u << 3;  // VT-d spec, Extended Capability Register bit 3 (IR)
 
 std::vector<std::string> ListOrEmpty(const std::filesystem::path& dir) {
@@ -71,7 +71,7 @@ Platform ReadPlatform(const HostPaths& paths) {
 }
 
 Check IommuEnabled(const Platform& p) {
-  CheckBuilder check("iommu.enabled", kLayer, "node");
+  CheckBuilder check("iommu.enabled", kPlatformLayer, "node");
   check.Saw(p.groups_dir.string(), absl::StrCat(p.groups.size(), " groups"))
       .Saw(p.units_dir.string(), ListText(p.units))
       .Saw((p.tables_dir / (p.amd ? "IVRS" : "DMAR")).string(), p.table.empty() ? "(absent)" : "present")
@@ -101,7 +101,7 @@ Check IommuEnabled(const Platform& p) {
 }
 
 Check InterruptRemapping(const HostPaths& paths, const Platform& p) {
-  CheckBuilder check("iommu.interrupt_remapping", kLayer, "node");
+  CheckBuilder check("iommu.interrupt_remapping", kPlatformLayer, "node");
   if (p.groups.empty()) return check.Skip("the IOMMU is off (see iommu.enabled)");
   const std::filesystem::path unsafe_path = paths.sysfs_root / "module/vfio_iommu_type1/parameters/allow_unsafe_interrupts";
   const std::string unsafe_text = ReadForEvidence(unsafe_path);
@@ -141,7 +141,7 @@ Check InterruptRemapping(const HostPaths& paths, const Platform& p) {
 }
 
 Check VfioModules(const HostPaths& paths) {
-  CheckBuilder check("vfio.modules", kLayer, "node");
+  CheckBuilder check("vfio.modules", kPlatformLayer, "node");
   const std::filesystem::path modules = paths.sysfs_root / "module";
   std::vector<std::string> missing;
   auto loaded = [&](const std::string& name) {
@@ -162,7 +162,7 @@ Check VfioModules(const HostPaths& paths) {
 }
 
 Check ContainerNode(const HostPaths& paths) {
-  CheckBuilder check("vfio.container_node", kLayer, "node");
+  CheckBuilder check("vfio.container_node", kPlatformLayer, "node");
   const std::filesystem::path node = paths.VfioDir() / "vfio";
   const bool exists = fs::Exists(node);
   const bool chr = IsCharDevice(node);
@@ -176,7 +176,7 @@ Check ContainerNode(const HostPaths& paths) {
 }
 
 Check Iommufd(const HostPaths& paths) {
-  CheckBuilder check("iommufd", kLayer, "node");
+  CheckBuilder check("iommufd", kPlatformLayer, "node");
   const std::filesystem::path node = paths.dev_root / "iommu";
   const bool exists = fs::Exists(node);
   check.Saw(node.string(), IsCharDevice(node) ? "character device" : exists ? "not a character device" : "(absent)");
@@ -189,7 +189,7 @@ Check Iommufd(const HostPaths& paths) {
 }
 
 Check Lockdown(const HostPaths& paths) {
-  CheckBuilder check("kernel.lockdown", kLayer, "node");
+  CheckBuilder check("kernel.lockdown", kPlatformLayer, "node");
   const std::filesystem::path path = paths.sysfs_root / "kernel/security/lockdown";
   auto text = fs::ReadTrimmed(path);
   check.Saw(path.string(), text.ok() ? *text : "(absent)");
@@ -207,7 +207,7 @@ Check Lockdown(const HostPaths& paths) {
 // Noted, not judged: which GPU is on which driver is device.driver's call. nouveau and nvidiafb are worth a
 // warning on a passthrough node though: they take GPUs at boot (and nvidiafb the console) before anyone binds.
 Check HostDrivers(const NodeView& node) {
-  CheckBuilder check("host_drivers", kLayer, "node");
+  CheckBuilder check("host_drivers", kPlatformLayer, "node");
   std::vector<std::string> loaded, boot_grabbers;
   for (const char* module : {"nvidia", "nouveau", "nvidiafb"}) {
     if (!fs::Exists(node.paths.sysfs_root / "module" / module)) continue;

@@ -3,6 +3,7 @@
 // Cozystack's default permittedHostDevices table never drifts with the host's pci.ids snapshot.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -53,6 +54,7 @@ std::string Slug(std::string_view pci_ids_name);
 absl::Status ValidateExtendedResourceName(std::string_view resource_name);
 
 // The part after the '/' alone: 1-63 characters, alphanumeric at both ends, [-A-Za-z0-9_.] inside.
+inline constexpr size_t kMaxResourceNamePart = 63;
 absl::Status ValidateResourceNamePart(std::string_view name);
 
 // The domain part alone (`--resource-domain`): a lower-case DNS-1123 subdomain of at most 244 characters
