@@ -214,6 +214,35 @@ TEST(DraConfigCommandTest, DriverNameDomainAndOverridesCarryThrough) {
   EXPECT_THAT(templates, ElementsAre("h200"));
 }
 
+// daemonset/overlays/dra ships a class per model of Cozystack's default table: the same objects the command prints
+// for those models, so a VM spec written against either finds the other's classes.
+TEST(DraConfigTest, TheDraOverlaysClassesAreTheCommandsForCozystacksTable) {
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const auto& [device, name] : names::PinnedNames()) ids.emplace_back(0x10de, device);
+  names::NameResolver resolver(nullptr, "nvidia.com", {});
+  const DraOutput want = ParseDraOutput(DeviceClassesYaml(DraModels(ids, resolver), kDefaultDriver));
+  ASSERT_EQ(want.classes.size(), names::PinnedNames().size());
+
+  const std::string path = std::string(VA_DAEMONSET_DIR) + "/overlays/dra/deviceclasses.yaml";
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << path;
+  std::stringstream text;
+  text << file.rdbuf();
+  const DraOutput shipped = ParseDraOutput(text.str());
+  std::set<std::string> want_names, shipped_names;
+  for (const auto& [name, doc] : want.classes) want_names.insert(name);
+  for (const auto& [name, doc] : shipped.classes) shipped_names.insert(name);
+  EXPECT_EQ(shipped_names, want_names);
+  for (const auto& [name, doc] : want.classes) {
+    if (!shipped.classes.contains(name)) continue;
+    const YAML::Node got = shipped.classes.at(name)["spec"];
+    EXPECT_EQ(got["extendedResourceName"].as<std::string>(), doc["spec"]["extendedResourceName"].as<std::string>());
+    ASSERT_EQ(got["selectors"].size(), 1u) << name;
+    EXPECT_EQ(got["selectors"][0]["cel"]["expression"].as<std::string>(),
+              doc["spec"]["selectors"][0]["cel"]["expression"].as<std::string>());
+  }
+}
+
 TEST(DraConfigCommandTest, ExitCodes) {
   EXPECT_EQ(RunDraCommand({"--ids", "10de:2335", "--dra-driver-name", "Not_A_Name"}).first, cli::kExitUsage);
   vfio_agent::testing::TempDir dir;
