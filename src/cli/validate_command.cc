@@ -206,6 +206,9 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "The fabric layer (HGX shared-NVSwitch mode, --fabric-manager ADDRESS) asks Fabric Manager for its\n"
           "partitions: FM answering in FABRIC_MODE=1, partitions listed, every selected GPU in one, NVSwitches on\n"
           "the host driver. Without --fabric-manager it is skipped.\n"
+          "On a DRA node (--kubelet-api dra) the plugin and kubelet layers check the DRA driver instead: its\n"
+          "registration socket, the kubelet's answer, the CDI directory, the node's ResourceSlices and a DeviceClass;\n"
+          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes).\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
