@@ -139,6 +139,7 @@ std::vector<DraModel> DraModels(const std::vector<std::pair<uint16_t, uint16_t>>
     }
   }
   std::vector<DraModel> models;
+  models.reserve(gpus.size());
   for (const auto& [resource_name, count] : gpus) models.push_back({resource_name, count});
   return models;
 }
@@ -154,6 +155,7 @@ std::string DeviceClassSelector(const std::string& resource_name, const std::str
 
 std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::string& driver) {
   std::vector<std::string> docs;
+  docs.reserve(models.size());
   for (const DraModel& model : models) docs.push_back(DeviceClassYaml(model, driver));
   return absl::StrJoin(docs, "---\n");
 }
