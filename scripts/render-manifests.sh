@@ -95,6 +95,13 @@ tree "$out/overlays/hgx-shared" "values-hgx-shared.yaml" -f "$chart/values-hgx-s
 kustomization "$out/overlays/hgx-shared/kustomization.yaml" \
   "# HGX shared-NVSwitch mode (Fabric Manager on the node), in its own namespace: kubectl apply -k daemonset/overlays/hgx-shared" \
   namespace.yaml "${AGENT_FILES[@]}"
+render "$out/overlays/dra/namespace.yaml" "values-dra.yaml" -f "$chart/values-dra.yaml" --show-only templates/namespace.yaml
+tree "$out/overlays/dra" "values-dra.yaml" -f "$chart/values-dra.yaml"
+render "$out/overlays/dra/deviceclasses.yaml" "values-dra.yaml" -f "$chart/values-dra.yaml" \
+  --show-only templates/deviceclasses.yaml
+kustomization "$out/overlays/dra/kustomization.yaml" \
+  "# A DRA node (kubelet DRA driver, DeviceClasses per GPU model), in its own namespace: kubectl apply -k daemonset/overlays/dra" \
+  namespace.yaml "${AGENT_FILES[@]}" deviceclasses.yaml
 
 if [ "$mode" = check ]; then
   stale=0

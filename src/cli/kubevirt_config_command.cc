@@ -4,9 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/validation/dra_config.h"
 #include "vfio_gpu_agent/validation/kubevirt_config.h"
 
 namespace vfio_agent::cli {
@@ -15,8 +17,11 @@ namespace {
 std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
   return {
       {"ids", "VID:DID,...", "these device ids instead of the host's selected GPUs (the host is not read)", "", true},
-      {"format", "F", "cozystack (platform values, only entries missing from the default table) or kubevirt-patch "
-                      "(merge patch for a plain KubeVirt CR, every entry)", "cozystack"},
+      {"format", "F", "cozystack (platform values, only entries missing from the default table), kubevirt-patch "
+                      "(merge patch for a plain KubeVirt CR, every entry) or dra (DeviceClasses, ResourceClaimTemplates "
+                      "and VM snippets for a DRA node)", "cozystack"},
+      {"dra-driver-name", "NAME", "with --format dra: the DRA driver name the node's agent runs with",
+       std::string(dra::kDefaultDriverName)},
   };
 }
 
@@ -52,12 +57,19 @@ absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromFlags(const Fl
 }
 
 // The ids `serve` advertises (the selected GPUs, and the NVSwitches with --nvswitches), read-only, so that the
-// names are resolved over the same ids as there.
-absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const CommonOptions& common) {
+// names are resolved over the same ids as there. The DRA driver publishes the GPUs alone (`gpus_only`).
+absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const CommonOptions& common, bool gpus_only) {
   auto inventory = pci::Scan(common.paths.sysfs_root,
                              {.detail_vendor = common.policy.vendor_id, .driver_override = false});
   if (!inventory.ok()) return inventory.status();
-  return plugin::AdvertisableIds(*inventory, pci::Select(*inventory, common.policy));
+  const pci::Selection selection = pci::Select(*inventory, common.policy);
+  if (!gpus_only) return plugin::AdvertisableIds(*inventory, selection);
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& bdf : selection.gpus) {
+    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
+    if (const pci::Function* fn = inventory->Find(bdf)) ids.emplace_back(fn->vendor_id, fn->device_id);
+  }
+  return ids;
 }
 
 }  // namespace
@@ -69,17 +81,24 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
           "Prints the permittedHostDevices.pciHostDevices entries KubeVirt needs for this node's GPUs, and its\n"
           "NVSwitches with --nvswitches (or for --ids): as Cozystack platform values, marking what Cozystack's\n"
           "default table already has, or as a merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there\n"
-          "is no GPU to describe.",
+          "is no GPU to describe. With --format dra: the DeviceClasses (one per GPU model, with the model's\n"
+          "extended-resource name), a ResourceClaimTemplate per model for 1 and for all of its GPUs, and the\n"
+          "VirtualMachine fields that use them.",
           KubevirtConfigFlagSpecs(), args, out, &cmd)) {
     return *exit;
   }
   const std::string format = cmd.flags.Get("format", "cozystack");
-  if (format != "cozystack" && format != "kubevirt-patch") {
+  if (format != "cozystack" && format != "kubevirt-patch" && format != "dra") {
     std::cerr << "vfio-gpu-agent kubevirt-config: --format \"" << format
-              << "\" is not one of cozystack, kubevirt-patch\n";
+              << "\" is not one of cozystack, kubevirt-patch, dra\n";
     return kExitUsage;
   }
-  auto ids = cmd.flags.Has("ids") ? IdsFromFlags(cmd.flags) : IdsFromHost(cmd.common);
+  const std::string driver = cmd.flags.Get("dra-driver-name", std::string(dra::kDefaultDriverName));
+  if (absl::Status valid = dra::ValidateDriverName(driver); !valid.ok()) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --dra-driver-name: " << valid.message() << "\n";
+    return kExitUsage;
+  }
+  auto ids = cmd.flags.Has("ids") ? IdsFromFlags(cmd.flags) : IdsFromHost(cmd.common, format == "dra");
   if (!ids.ok()) {
     std::cerr << "vfio-gpu-agent kubevirt-config: " << ids.status().message() << "\n";
     return cmd.flags.Has("ids") ? kExitUsage : kExitError;
@@ -87,10 +106,18 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
   // pci.ids is read only for an id without a pinned or overridden name.
   auto db = LazyNameDatabase(cmd.common);
   names::NameResolver resolver(db.get(), cmd.common.resource_domain, cmd.common.name_overrides);
-  const auto entries = validation::PermittedEntries(*ids, resolver);
-  out << (format == "cozystack" ? validation::CozystackValuesYaml(entries)
-                                : validation::KubevirtMergePatchYaml(entries));
-  if (entries.empty()) {
+  bool none = false;
+  if (format == "dra") {
+    const auto models = validation::DraModels(*ids, resolver);
+    out << validation::DraConfigYaml(models, driver);
+    none = models.empty();
+  } else {
+    const auto entries = validation::PermittedEntries(*ids, resolver);
+    out << (format == "cozystack" ? validation::CozystackValuesYaml(entries)
+                                  : validation::KubevirtMergePatchYaml(entries));
+    none = entries.empty();
+  }
+  if (none) {
     std::cerr << "vfio-gpu-agent kubevirt-config: no GPU selected on this node (see `vfio-gpu-agent inspect`)\n";
     return kExitNotReady;
   }

@@ -1,4 +1,6 @@
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -7,7 +9,9 @@
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/kube/admission_policy_reader.h"
+#include "vfio_gpu_agent/kube/dra_objects_reader.h"
 #include "vfio_gpu_agent/kube/kubevirt_reader.h"
 #include "vfio_gpu_agent/validation/validate.h"
 
@@ -118,6 +122,39 @@ absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chron
   return absl::OkStatus();
 }
 
+// --kubelet-api dra: the driver's names and directories as the agent runs with them, and the node's slices and the
+// DeviceClasses from the cluster found as for the KubeVirt CR (no cluster: those checks are skipped).
+absl::StatusOr<std::optional<validation::DraValidation>> DraFromFlags(const ParsedCommand& cmd,
+                                                                      std::chrono::milliseconds timeout) {
+  const std::string api = cmd.flags.Get("kubelet-api", "device-plugin");
+  if (api == "device-plugin") return std::nullopt;
+  if (api != "dra") return absl::InvalidArgumentError(absl::StrCat("--kubelet-api \"", api, "\": device-plugin or dra"));
+  validation::DraValidation dra;
+  dra.driver.driver_name = cmd.flags.Get("dra-driver-name", dra.driver.driver_name);
+  if (absl::Status name = dra::ValidateDriverName(dra.driver.driver_name); !name.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dra-driver-name: ", name.message()));
+  }
+  dra.driver.registry_dir = cmd.flags.Get("kubelet-registry-dir", dra.driver.registry_dir.string());
+  dra.driver.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", dra.driver.plugins_dir.string());
+  dra.driver.cdi_dir = cmd.flags.Get("cdi-dir", dra.driver.cdi_dir.string());
+  kube::KubevirtReaderOptions reader_options;
+  reader_options.kubeconfig = cmd.flags.Get("kubeconfig");
+  auto reader = kube::ConnectDraObjectsReader(reader_options);
+  if (!reader.ok()) {
+    if (!reader_options.kubeconfig.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubeconfig: ", reader.status().message()));
+    }
+    return dra;  // no cluster
+  }
+  const char* env_node = std::getenv("NODE_NAME");
+  const std::string node = cmd.flags.Get("node-name", env_node != nullptr ? env_node : "");
+  if (node.empty()) return absl::InvalidArgumentError("--kubelet-api dra in a cluster needs --node-name (or NODE_NAME)");
+  dra.slices = validation::ApiListRead{.request = (*reader)->SlicesRequest(node),
+                                       .body = (*reader)->NodeSlices(node, timeout)};
+  dra.classes = validation::ApiListRead{.request = (*reader)->ClassesRequest(), .body = (*reader)->DeviceClasses(timeout)};
+  return dra;
+}
+
 }  // namespace
 
 std::vector<FlagSpec> ValidateFlags() {
@@ -133,6 +170,18 @@ std::vector<FlagSpec> ValidateFlags() {
        "api layer reads the admission policy vfio-gpu-agent-own-node and its binding there (needs get on both)",
        "in-cluster service account, if any"},
       {"api-timeout", "MS", "bound on each API request, connecting included, in milliseconds", "3000"},
+      {"kubelet-api", "device-plugin|dra",
+       "dra: the plugin and kubelet layers check the DRA driver (registration, the kubelet's answer, CDI "
+       "directory, the node's ResourceSlices, a DeviceClass) and the kubevirt layer its feature gates",
+       "device-plugin"},
+      {"dra-driver-name", "NAME", "with --kubelet-api dra: the driver name the agent runs with",
+       std::string(dra::kDefaultDriverName)},
+      {"kubelet-registry-dir", "DIR", "with --kubelet-api dra: the kubelet's plugin registration directory",
+       "/var/lib/kubelet/plugins_registry"},
+      {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: the kubelet's plugins directory",
+       "/var/lib/kubelet/plugins"},
+      {"cdi-dir", "DIR", "with --kubelet-api dra: the CDI spec directory", "/var/run/cdi"},
+      {"node-name", "NAME", "with --kubelet-api dra: the node whose ResourceSlices are read", "$NODE_NAME"},
   };
   for (FlagSpec& spec : FabricFlags()) {
     if (spec.name != "fabric-fail-mode") specs.push_back(std::move(spec));
@@ -157,6 +206,9 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "The fabric layer (HGX shared-NVSwitch mode, --fabric-manager ADDRESS) asks Fabric Manager for its\n"
           "partitions: FM answering in FABRIC_MODE=1, partitions listed, every selected GPU in one, NVSwitches on\n"
           "the host driver. Without --fabric-manager it is skipped.\n"
+          "On a DRA node (--kubelet-api dra) the plugin and kubelet layers check the DRA driver instead: its\n"
+          "registration socket, the kubelet's answer, the CDI directory, the node's ResourceSlices and a DeviceClass;\n"
+          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes).\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
@@ -184,14 +236,17 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
     if (!text.ok()) return usage(absl::StrCat("--kubevirt-cr: ", text.status().message()));
     options.kubevirt_cr = *std::move(text);
   }
+  const std::string api_timeout = cmd.flags.Get("api-timeout", "3000");
+  int api_ms = 0;
+  if (!absl::SimpleAtoi(api_timeout, &api_ms) || api_ms <= 0) {
+    return usage("--api-timeout must be a positive number of milliseconds");
+  }
+  auto dra = DraFromFlags(cmd, std::chrono::milliseconds(api_ms));
+  if (!dra.ok()) return usage(dra.status().message());
+  options.dra = *std::move(dra);
   const bool kubevirt_from_api = !cmd.flags.Has("kubevirt-cr") && options.layers.contains(validation::Layer::kKubevirt);
   const bool api_layer = options.layers.contains(validation::Layer::kApi);
   if (kubevirt_from_api || api_layer) {
-    const std::string api_timeout = cmd.flags.Get("api-timeout", "3000");
-    int api_ms = 0;
-    if (!absl::SimpleAtoi(api_timeout, &api_ms) || api_ms <= 0) {
-      return usage("--api-timeout must be a positive number of milliseconds");
-    }
     if (kubevirt_from_api) {
       if (absl::Status status = ReadKubevirtFromCluster(cmd, std::chrono::milliseconds(api_ms), &options); !status.ok()) {
         return usage(status.message());

@@ -1,6 +1,7 @@
 #include "kubelet_services.h"
 
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/dra/registration_record.h"
 
 namespace vfio_agent::dra::internal {
 namespace {
@@ -32,7 +33,7 @@ grpc::Status Convert(const From& from, To* to) {
 }
 
 RegistrationService::RegistrationService(const DriverOptions& options)
-    : info_(MakePluginInfo(options)) {}
+    : info_(MakePluginInfo(options)), record_(RegistrationRecordPath(options)) {}
 
 grpc::Status RegistrationService::GetInfo(grpc::ServerContext*, const ::pluginregistration::InfoRequest*,
                                           ::pluginregistration::PluginInfo* info) {
@@ -54,6 +55,10 @@ grpc::Status RegistrationService::NotifyRegistrationStatus(grpc::ServerContext*,
   ++status_.notifications;
   status_.registered = status->plugin_registered();
   status_.error = status->plugin_registered() ? "" : status->error();
+  if (absl::Status written = WriteRegistrationRecord(record_, status_); !written.ok()) {
+    spdlog::warn("DRA driver {}: the registration record for validate is not written: {}", info_.name(),
+                 std::string(written.message()));
+  }
   return grpc::Status::OK;
 }
 

@@ -1,6 +1,7 @@
 // The gRPC services the kubelet calls on a DRA driver, over the driver's own logic.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <mutex>
 
@@ -22,7 +23,8 @@ class ClaimHandler {
   virtual drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) = 0;
 };
 
-// pluginregistration.Registration: GetInfo describes the driver; NotifyRegistrationStatus is recorded and logged.
+// pluginregistration.Registration: GetInfo describes the driver; NotifyRegistrationStatus is recorded, logged and
+// written to the registration record (registration_record.h) for `validate`.
 class RegistrationService final : public ::pluginregistration::Registration::Service {
  public:
   explicit RegistrationService(const DriverOptions& options);
@@ -35,6 +37,7 @@ class RegistrationService final : public ::pluginregistration::Registration::Ser
 
  private:
   const ::pluginregistration::PluginInfo info_;
+  const std::filesystem::path record_;
   mutable std::mutex mu_;
   RegistrationStatus status_;
 };

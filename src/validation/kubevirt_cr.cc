@@ -50,13 +50,16 @@ absl::StatusOr<KubevirtCr> Describe(const YAML::Node& object, int objects) {
   cr.name = ScalarOr(Walk(object, {"metadata", "name"}));
   cr.namespace_ = ScalarOr(Walk(object, {"metadata", "namespace"}));
 
-  const YAML::Node gates = Walk(object, {"spec", "configuration", "developerConfiguration", "featureGates"});
-  if (gates.IsDefined()) {
+  for (auto [field, into] : {std::pair{"featureGates", &cr.feature_gates},
+                             std::pair{"disabledFeatureGates", &cr.disabled_feature_gates}}) {
+    const YAML::Node gates = Walk(object, {"spec", "configuration", "developerConfiguration", field});
+    if (!gates.IsDefined()) continue;
     if (!gates.IsSequence()) {
-      return absl::InvalidArgumentError("spec.configuration.developerConfiguration.featureGates is not a list");
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.configuration.developerConfiguration.", field, " is not a list"));
     }
     for (const YAML::Node& gate : gates) {
-      if (gate.IsScalar()) cr.feature_gates.push_back(gate.Scalar());
+      if (gate.IsScalar()) into->push_back(gate.Scalar());
     }
   }
 

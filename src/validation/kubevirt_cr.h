@@ -27,6 +27,8 @@ struct KubevirtCr {
   bool has_permitted_host_devices = false;  // spec.configuration.permittedHostDevices present
   std::vector<PciHostDeviceEntry> pci_host_devices;
   std::vector<std::string> feature_gates;  // spec.configuration.developerConfiguration.featureGates
+  // spec.configuration.developerConfiguration.disabledFeatureGates: turns off a Beta gate (on by default)
+  std::vector<std::string> disabled_feature_gates;
 };
 
 // InvalidArgument for text that is not YAML/JSON (with the parser's line), NotFound when it holds no object of

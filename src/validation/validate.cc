@@ -137,11 +137,23 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   };
   run(Layer::kPlatform, [&] { return PlatformChecks(node); });
   run(Layer::kDevices, [&] { return DeviceChecks(node); });
-  run(Layer::kPlugin, [&] { return PluginChecks(node, options.rpc_wait); });
-  run(Layer::kKubelet, [&] { return KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait); });
+  run(Layer::kPlugin, [&] {
+    return options.dra ? DraDriverChecks(*options.dra, options.rpc_wait) : PluginChecks(node, options.rpc_wait);
+  });
+  run(Layer::kKubelet, [&] {
+    return options.dra ? DraSliceChecks(node, *options.dra)
+                       : KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait);
+  });
   run(Layer::kKubevirt, [&] {
-    return options.kubevirt_cr_unavailable ? KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable)
-                                           : KubevirtChecks(node, options.kubevirt_cr, names);
+    std::vector<Check> kubevirt = options.kubevirt_cr_unavailable
+                                      ? KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable)
+                                      : KubevirtChecks(node, options.kubevirt_cr, names);
+    if (options.dra) {
+      for (Check& check : DraKubevirtChecks(options.kubevirt_cr_unavailable ? std::nullopt : options.kubevirt_cr)) {
+        kubevirt.push_back(std::move(check));
+      }
+    }
+    return kubevirt;
   });
   run(Layer::kApi, [&] { return ApiChecks(options.admission_policy); });
   run(Layer::kFabric, [&] { return FabricChecks(node, options.fabric); });

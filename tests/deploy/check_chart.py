@@ -32,8 +32,8 @@ import check_manifests as cm  # noqa: E402
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version")
-VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml")
-NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml")
+VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml", "values-dra.yaml")
+NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml", "values-dra.yaml")
 SCHEMA_MESSAGE = "values don't meet the specifications of the schema"
 
 # kustomize dir -> the helm template arguments scripts/render-manifests.sh renders it with
@@ -42,6 +42,7 @@ TREES = {
     "overlays/cozystack": ["-f", "values-cozystack.yaml", "-f", "values-passthrough.yaml"],
     "overlays/cdi": ["-f", "values-passthrough.yaml", "--set", "cdi.enabled=true"],
     "overlays/hgx": ["-f", "values-hgx.yaml"],
+    "overlays/dra": ["-f", "values-dra.yaml"],
 }
 
 
@@ -136,7 +137,9 @@ def cmd_schema(c, args):
         (["--set", "healthPort=abc"], "/healthPort", "want integer"),
         (["--set", "cdi.enabled=yes"], "/cdi/enabled", "want boolean"),
         (["--set", "workloadMode=vm-vgpu"], "/workloadMode", "value must be"),
-        (["--set", "kubeletApi=dra"], "/kubeletApi", "value must be"),
+        (["--set", "kubeletApi=grpc"], "/kubeletApi", "value must be"),
+        (["--set", "dra.driverName=GPU_Driver"], "/dra/driverName", "does not match pattern"),
+        (["--set", "dra.deviceClasses={H200,H200}"], "/dra/deviceClasses", "items at"),
         (["--set", "metrics.prot=9400"], "/metrics", "'prot' not allowed"),
         (["--set", "nodeselector.label=x"], "", "'nodeselector' not allowed"),
         (["--set", "logLevel=verbose"], "/logLevel", "value must be one of"),
@@ -180,7 +183,7 @@ def cmd_render(c, args):
 
     own = {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False}
     for variant in VARIANTS:
-        spec = dict(own)
+        spec = dict(own, dra=variant == "values-dra.yaml")
         if variant == "values-cozystack.yaml":
             spec.update(namespace="cozy-gpu-operator", owns_namespace=False)
         docs = render(variant, ["-f", variant], spec)
@@ -191,7 +194,8 @@ def cmd_render(c, args):
                 f"[{variant}] --nvswitches in args is {'--nvswitches' in args_}, the variant says otherwise")
     for role in NODE_ROLES:
         render(f"cozystack+{role}", ["-f", "values-cozystack.yaml", "-f", role],
-               {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False})
+               {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False,
+                "dra": role == "values-dra.yaml"})
 
     # A namespace of one's own: every namespaced object, the binding's subject and the policy's CEL follow it.
     docs = render("namespace gpu-system", ["--set", "namespace.name=gpu-system"],
@@ -289,6 +293,16 @@ def cmd_render(c, args):
     if docs:
         c.check(not [d for d in docs if d["kind"] in ("Service", "ServiceMonitor")],
                 "[serviceMonitor without metrics] a monitor of a port nobody listens on")
+
+    # DRA with values of one's own: the driver name, the directories and the domain reach the args, the mounts
+    # and every DeviceClass (check_overlay holds them to each other).
+    docs = render("dra values", ["--set", "kubeletApi=dra", "--set", "dra.driverName=gpus.example.org",
+                                 "--set", "dra.registryDir=/var/lib/kubelet/plugins_registry",
+                                 "--set", "dra.deviceClasses={H200,A10}", "--set", "resourceDomain=example.com"],
+                  dict(own, dra=True))
+    if docs:
+        classes = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass")
+        c.check(classes == ["a10.gpus.example.org", "h200.gpus.example.org"], f"[dra values] DeviceClasses {classes}")
 
     docs = render("no admission policy", ["--set", "admissionPolicy.enabled=false"])
     if docs:

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "report/v1/validate.pb.h"
 #include "vfio_gpu_agent/validation/check.h"
+#include "vfio_gpu_agent/validation/dra_checks.h"
 
 namespace vfio_agent::validation {
 
@@ -31,6 +32,9 @@ struct ValidateOptions {
   std::optional<KubevirtCrUnavailable> kubevirt_cr_unavailable;  // the API gave no CR (wins over kubevirt_cr)
   std::optional<AdmissionPolicyRead> admission_policy;  // the api layer's reads; nullopt: no cluster
   std::optional<FabricRead> fabric;  // the fabric layer's read; nullopt: no --fabric-manager
+  // A DRA node (--kubelet-api dra): the plugin and kubelet layers check the DRA driver and its ResourceSlices
+  // instead of device-plugin sockets and pod-resources, and the kubevirt layer also the DRA feature gates.
+  std::optional<DraValidation> dra;
   std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
 };
 

@@ -3,7 +3,7 @@
 
 Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
-ValidatingAdmissionPolicy(Binding) by name, and resource.k8s.io/v1 ResourceSlices (list with the
+ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, create, update, delete, validated as kube-apiserver validates them) on
 127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
@@ -37,6 +37,7 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
+  deviceclasses JSON_LIST_ITEMS   the resource.k8s.io/v1 DeviceClasses (a JSON list of objects; none until then)
   delete-slices NODE              what a kubelet does at its start: every ResourceSlice of NODE is deleted
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
 """
@@ -124,6 +125,7 @@ class State:
         self.nodes = {}
         self.events = {}  # (namespace, name) -> event
         self.kubevirts = []
+        self.device_classes = []
         self.kubevirt_installed = False
         self.denied = set()  # (verb, "resource.group")
         self.admission = {"validatingadmissionpolicies": {}, "validatingadmissionpolicybindings": {}}
@@ -417,6 +419,10 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", f'{parts[3]}.admissionregistration.k8s.io "{parts[4]}" not found',
                                    details={"name": parts[4], "group": "admissionregistration.k8s.io", "kind": parts[3]})
                 return 200, obj
+            if parts == ["apis", "resource.k8s.io", "v1", "deviceclasses"] and method == "GET":
+                self.authorize("list", "deviceclasses", "resource.k8s.io")
+                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClassList",
+                             "metadata": {"resourceVersion": str(state.rv)}, "items": state.device_classes}
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "resourceslices"] and len(parts) in (4, 5):
                 return self.resource_slice(method, parts[4] if len(parts) == 5 else None, content_type, body)
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -605,6 +611,8 @@ def control(state, line):
             state.released.set()
         elif command == "clear-faults":
             state.faults.clear()
+        elif command == "deviceclasses" and args:
+            state.device_classes = json.loads(line.split(None, 1)[1])
         elif command == "kubevirts" and args:
             state.kubevirts = json.loads(line.split(None, 1)[1])
             state.kubevirt_installed = True

@@ -1,0 +1,22 @@
+// The ResourceSlice attribute names the DRA driver publishes and everything that selects on them uses
+// (DeviceClass CEL selectors printed by `kubevirt-config --format dra` and shipped in daemonset/overlays/dra, and
+// `validate`'s DRA layer): one definition, so a selector can never name an attribute the driver does not write.
+#pragma once
+
+#include <string_view>
+
+namespace vfio_agent::dra {
+
+// Standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute; numaNode from KEP-6072, as NVIDIA's
+// driver publishes it): the full name is the key.
+inline constexpr std::string_view kPciBusIdAttribute = "resource.kubernetes.io/pciBusID";
+inline constexpr std::string_view kPcieRootAttribute = "resource.kubernetes.io/pcieRoot";
+inline constexpr std::string_view kNumaNodeAttribute = "resource.kubernetes.io/numaNode";
+// This driver's own attributes, keyed "<driver name>/<attribute>" (CEL: device.attributes["<driver>"].resourceName).
+inline constexpr std::string_view kResourceNameAttribute = "resourceName";  // "GH100_H200_SXM_141GB", as the plugin
+inline constexpr std::string_view kProductNameAttribute = "productName";    // pci.ids, at most 64 characters
+inline constexpr std::string_view kVendorIdAttribute = "vendorID";          // "0x10de"
+inline constexpr std::string_view kDeviceIdAttribute = "deviceID";          // "0x2335"
+inline constexpr std::string_view kIommuGroupAttribute = "iommuGroup";      // int
+
+}  // namespace vfio_agent::dra
