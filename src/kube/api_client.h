@@ -14,6 +14,9 @@
 
 namespace vfio_agent::kube {
 
+// resource.k8s.io/v1 collections, read by validate and written by the DRA driver.
+inline constexpr char kResourceSlicesPath[] = "/apis/resource.k8s.io/v1/resourceslices";
+
 struct ApiResponse {
   long code = 0;  // HTTP status
   std::string body;

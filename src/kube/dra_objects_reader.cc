@@ -8,12 +8,11 @@
 namespace vfio_agent::kube {
 namespace {
 
-constexpr char kSlicesPath[] = "/apis/resource.k8s.io/v1/resourceslices";
 constexpr char kClassesPath[] = "/apis/resource.k8s.io/v1/deviceclasses";
 
 // Node names are DNS subdomains: nothing in them needs escaping but the selector's '='.
 std::string SlicesPath(const std::string& node_name) {
-  return absl::StrCat(kSlicesPath, "?fieldSelector=spec.nodeName%3D", node_name);
+  return absl::StrCat(kResourceSlicesPath, "?fieldSelector=spec.nodeName%3D", node_name);
 }
 
 absl::StatusOr<std::string> GetList(ApiClient& client, const std::string& path, std::chrono::milliseconds timeout) {

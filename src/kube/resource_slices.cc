@@ -12,7 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kSlicesPath[] = "/apis/resource.k8s.io/v1/resourceslices";
 
 struct ExistingSlice {
   std::string name;
@@ -157,7 +156,7 @@ std::string Escape(const std::string& text) {
 
 // The node's slices of the driver, in the order Matches compares them.
 absl::StatusOr<std::vector<ExistingSlice>> ListSlices(ApiClient& client, const SliceOptions& options) {
-  const std::string path = absl::StrCat(kSlicesPath, "?fieldSelector=",
+  const std::string path = absl::StrCat(kResourceSlicesPath, "?fieldSelector=",
                                         Escape(absl::StrCat("spec.nodeName=", options.node_name, ",spec.driver=",
                                                             options.driver)));
   const std::string request = absl::StrCat("GET ", client.Url(path));
@@ -230,12 +229,12 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
                                       {"resourceSliceCount", chunks.size()}}},
                             {"devices", std::move(device_list)}}}};
     std::string method = "POST";
-    std::string path = kSlicesPath;
+    std::string path = kResourceSlicesPath;
     if (i < existing->size()) {
       metadata["name"] = (*existing)[i].name;
       metadata["resourceVersion"] = (*existing)[i].resource_version;
       method = "PUT";
-      path = absl::StrCat(kSlicesPath, "/", (*existing)[i].name);
+      path = absl::StrCat(kResourceSlicesPath, "/", (*existing)[i].name);
     }
     slice["metadata"] = std::move(metadata);
     absl::StatusOr<ApiResponse> written = client_->Send(method, path, "application/json", slice.dump(), options_.timeout);
@@ -246,7 +245,7 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
   }
   for (size_t i = chunks.size(); i < existing->size(); ++i) {
     const ExistingSlice& obsolete = (*existing)[i];
-    const std::string path = absl::StrCat(kSlicesPath, "/", obsolete.name);
+    const std::string path = absl::StrCat(kResourceSlicesPath, "/", obsolete.name);
     const Json options = {{"apiVersion", "v1"},
                           {"kind", "DeleteOptions"},
                           {"preconditions", {{"uid", obsolete.uid}, {"resourceVersion", obsolete.resource_version}}}};
@@ -263,7 +262,7 @@ absl::Status ResourceSlicePublisher::DeleteAll() {
   absl::StatusOr<std::vector<ExistingSlice>> existing = ListSlices(*client_, options_);
   if (!existing.ok()) return existing.status();
   for (const ExistingSlice& slice : *existing) {
-    const std::string path = absl::StrCat(kSlicesPath, "/", slice.name);
+    const std::string path = absl::StrCat(kResourceSlicesPath, "/", slice.name);
     absl::Status status = AnswerStatus(client_->Send("DELETE", path, "", "", options_.timeout),
                                        absl::StrCat("DELETE ", client_->Url(path)));
     if (!status.ok() && status.code() != absl::StatusCode::kNotFound) return status;
