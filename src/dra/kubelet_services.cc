@@ -31,8 +31,8 @@ grpc::Status Convert(const From& from, To* to) {
   return info;
 }
 
-RegistrationService::RegistrationService(const DriverOptions& options)
-    : info_(MakePluginInfo(options)) {}
+RegistrationService::RegistrationService(const DriverOptions& options, std::function<void(bool accepted)> on_notify)
+    : info_(MakePluginInfo(options)), on_notify_(std::move(on_notify)) {}
 
 grpc::Status RegistrationService::GetInfo(grpc::ServerContext*, const ::pluginregistration::InfoRequest*,
                                           ::pluginregistration::PluginInfo* info) {
@@ -50,10 +50,13 @@ grpc::Status RegistrationService::NotifyRegistrationStatus(grpc::ServerContext*,
   } else {
     spdlog::error("DRA driver {}: the kubelet refused the registration: {}", info_.name(), status->error());
   }
-  std::lock_guard lock(mu_);
-  ++status_.notifications;
-  status_.registered = status->plugin_registered();
-  status_.error = status->plugin_registered() ? "" : status->error();
+  {
+    std::lock_guard lock(mu_);
+    ++status_.notifications;
+    status_.registered = status->plugin_registered();
+    status_.error = status->plugin_registered() ? "" : status->error();
+  }
+  if (on_notify_) on_notify_(status->plugin_registered());
   return grpc::Status::OK;
 }
 

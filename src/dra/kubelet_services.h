@@ -25,7 +25,8 @@ class ClaimHandler {
 // pluginregistration.Registration: GetInfo describes the driver; NotifyRegistrationStatus is recorded and logged.
 class RegistrationService final : public ::pluginregistration::Registration::Service {
  public:
-  explicit RegistrationService(const DriverOptions& options);
+  // `on_notify` (may be empty) runs on a gRPC thread after each NotifyRegistrationStatus, with its verdict.
+  RegistrationService(const DriverOptions& options, std::function<void(bool accepted)> on_notify);
   grpc::Status GetInfo(grpc::ServerContext* context, const ::pluginregistration::InfoRequest* request,
                        ::pluginregistration::PluginInfo* info) override;
   grpc::Status NotifyRegistrationStatus(grpc::ServerContext* context,
@@ -35,6 +36,7 @@ class RegistrationService final : public ::pluginregistration::Registration::Ser
 
  private:
   const ::pluginregistration::PluginInfo info_;
+  const std::function<void(bool accepted)> on_notify_;
   mutable std::mutex mu_;
   RegistrationStatus status_;
 };
