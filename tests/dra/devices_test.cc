@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
@@ -199,6 +200,120 @@ TEST_F(DraHealthStreamTest, StopEndsTheStreamAndAKubeletRestartOpensANewOne) {
   // A driver that stops ends its stream (a server's Shutdown would otherwise wait for it forever).
   driver_->Stop();
   EXPECT_EQ(driver_->HealthStreams(), 0);
+}
+
+// The node's ResourceSlices, kept by the running driver on the fake API server.
+class DraSlicesTest : public DraHealthStreamTest {
+ protected:
+  void SetUp() override {
+    DraHealthStreamTest::SetUp();
+    if (HasFatalFailure()) return;
+    if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 not found";
+    auto api = sim::KubeApiSim::Start(dir_.path());
+    ASSERT_TRUE(api.ok()) << api.status();
+    api_ = *std::move(api);
+    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
+    ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+    auto publisher = kube::ConnectResourceSlicePublisher(*kubeconfig, "", {.driver = kHealthDriver, .node_name = kNodeName});
+    ASSERT_TRUE(publisher.ok()) << publisher.status();
+    publisher_ = *std::move(publisher);
+  }
+
+  DriverOptions Options() const {
+    DriverOptions options = DraHealthStreamTest::Options();
+    options.publish_slices = [this](std::vector<kube::SliceDevice> devices) {
+      return publisher_->Publish(std::move(devices));
+    };
+    return options;
+  }
+
+  void StartNode() {
+    driver_ = std::make_unique<Driver>(Options());
+    ASSERT_TRUE(driver_->Start().ok());
+    kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
+    ASSERT_TRUE(kubelet_->Start().ok());
+  }
+
+  // device name -> its taint effects ("" when untainted), over every slice of the node.
+  std::map<std::string, std::string> SliceDevices() const {
+    std::map<std::string, std::string> devices;
+    auto slices = api_->Slices();
+    if (!slices.ok() || !slices->is_array()) return devices;
+    for (const nlohmann::json& slice : *slices) {
+      for (const nlohmann::json& device : slice["spec"].value("devices", nlohmann::json::array())) {
+        std::string taints;
+        for (const nlohmann::json& taint : device.value("taints", nlohmann::json::array())) {
+          taints += taint.value("key", "") + ":" + taint.value("effect", "");
+        }
+        devices[device.value("name", "")] = taints;
+      }
+    }
+    return devices;
+  }
+
+  size_t Writes() const {
+    return api_->Count("POST", "/apis/resource.k8s.io/v1/resourceslices", "201") +
+           api_->Count("PUT", "/apis/resource.k8s.io/v1/resourceslices", "200");
+  }
+  size_t Lists() const { return api_->Count("GET", "/apis/resource.k8s.io/v1/resourceslices", "200"); }
+
+  std::unique_ptr<sim::KubeApiSim> api_;
+  std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
+};
+
+TEST_F(DraSlicesTest, OneDevicePerGpuInTheNodesPoolTaintedWhileUnhealthyAndNoWriteWhenNothingChanged) {
+  StartNode();
+  const std::map<std::string, std::string> healthy = {{"gpu-0000-18-00-0", ""}, {"gpu-0000-9a-00-0", ""}};
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices() == healthy; }));
+  auto slices = api_->Slices();
+  ASSERT_TRUE(slices.ok());
+  ASSERT_EQ(slices->size(), 1u);
+  const nlohmann::json& slice = (*slices)[0];
+  EXPECT_EQ(slice["spec"]["nodeName"], kNodeName);
+  EXPECT_EQ(slice["spec"]["driver"], kHealthDriver);
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kNodeName);
+  EXPECT_EQ(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
+  const nlohmann::json& device = slice["spec"]["devices"][0];
+  EXPECT_EQ(device["attributes"]["resource.kubernetes.io/pciBusID"]["string"], kGpuA);
+  EXPECT_EQ(device["attributes"]["gpu.vfio-agent.cozystack.io/resourceName"]["string"], "GH100_H200_SXM_141GB");
+  EXPECT_EQ(device["attributes"]["gpu.vfio-agent.cozystack.io/iommuGroup"]["int"], 10);
+
+  // Unbound: tainted NoSchedule (never NoExecute); back on vfio-pci: untainted.
+  tree_.BindDriver(kGpuB, "nvidia");
+  std::filesystem::remove(dir_.path() / "dev/vfio/11");
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return SliceDevices() == std::map<std::string, std::string>{
+                                 {"gpu-0000-18-00-0", ""},
+                                 {"gpu-0000-9a-00-0", "gpu.vfio-agent.cozystack.io/unhealthy:NoSchedule"}};
+  }));
+  tree_.BindDriver(kGpuB, "vfio-pci");
+  std::ofstream(dir_.path() / "dev/vfio/11");
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices() == healthy && driver_->SliceError().empty(); }));
+
+  // A device event that changes nothing, and the driver's own re-lists: no write.
+  ASSERT_TRUE(testing::WaitUntil([&] { return driver_->Devices().size() == 2 && driver_->Devices()[1].healthy(); }));
+  const size_t writes = Writes();
+  const size_t lists = Lists();
+  std::ofstream(dir_.path() / "dev/vfio/unrelated");
+  ASSERT_TRUE(testing::WaitUntil([&] { return Lists() >= lists + 2; }));
+  EXPECT_EQ(Writes(), writes);
+  EXPECT_EQ(SliceDevices(), healthy);
+}
+
+TEST_F(DraSlicesTest, AKubeletRestartThatDeletesTheSlicesHasThemBackWithinFiveSeconds) {
+  StartNode();
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices().size() == 2; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return driver_->Registration().notifications == 1; }));
+  const size_t lists = Lists();
+  ASSERT_TRUE(kubelet_->Restart().ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return driver_->Registration().notifications == 2; }));
+  // The kubelet deletes them after it registered us, once the driver's re-list on registration has passed: the
+  // driver looks again in the seconds after a registration, not only then.
+  ASSERT_TRUE(testing::WaitUntil([&] { return Lists() > lists; }));
+  ASSERT_TRUE(api_->Control(std::string("delete-slices ") + kNodeName).ok());
+  const auto deleted = std::chrono::steady_clock::now();
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices().size() == 2; }));
+  EXPECT_LT(std::chrono::steady_clock::now() - deleted, 5s);
 }
 
 }  // namespace

@@ -413,7 +413,7 @@ TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) 
        "--kubelet-plugins-dir", options.plugins_dir.string(), "--cdi-dir", options.cdi_dir.string(), "--sysfs-root",
        options.paths.sysfs_root.string(), "--dev-root", options.paths.dev_root.string(), "--proc-root",
        options.paths.proc_root.string(), "--kubelet-dir", device_plugins.string(), "--kubeconfig",
-       (dir_.path() / "kubeconfig").string()},
+       (dir_.path() / "kubeconfig").string(), "--node-name", kPool},
       dir_.path() / "agent.log");
   ASSERT_GT(agent, 0);
   kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = options.registry_dir});
@@ -425,6 +425,19 @@ TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) 
   ASSERT_TRUE(response.ok()) << response.status();
   ExpectPrepared(response->claims().at("uid-1"), "vm", "uid-1", OnePerRequest(0, 1));
   EXPECT_TRUE(std::filesystem::is_empty(device_plugins));  // one kubelet API at a time
+  // The node's slice: every GPU in the node's pool; the two whose groups are not viable (an HDA function on
+  // snd_hda_intel, a NIC) tainted.
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto slices = api_->Slices();
+    return slices.ok() && slices->size() == 1 && (*slices)[0]["spec"]["devices"].size() == kGpus.size() + 2;
+  })) << ReadFile(dir_.path() / "agent.log");
+  const Json slice = (*api_->Slices())[0];
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kPool);
+  std::vector<std::string> tainted;
+  for (const Json& device : slice["spec"]["devices"]) {
+    if (device.contains("taints")) tainted.push_back(device["name"]);
+  }
+  EXPECT_EQ(tainted, (std::vector<std::string>{DeviceName(kGpuWithAudio), DeviceName(kGpuWithNic)}));
 
   ::kill(agent, SIGTERM);
   EXPECT_EQ(WaitExit(agent), 0) << ReadFile(dir_.path() / "agent.log");
