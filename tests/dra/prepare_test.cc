@@ -347,6 +347,26 @@ TEST_F(DraPrepareTest, AClaimFromATemplateIsMountedUnderThePodsClaimName) {
   EXPECT_EQ((*ReadDeviceMetadata(MetadataFile("vm-gpu-x7k2p", "gpu0")))["podClaimName"], "gpu");
 }
 
+// DRAExtendedResource: a VM spec asking nvidia.com/<NAME> gets a claim the scheduler made, and KubeVirt reads the
+// BDFs from the env the device plugin's Allocate sets, once for the claim, sorted and comma-joined.
+TEST_F(DraPrepareTest, AnExtendedResourceClaimSetsTheDevicePluginsEnvOnce) {
+  StartNode();
+  AddClaim("pod-gpus", "uid-ext", {{"container-0-request-0", kGpus[3]}, {"container-0-request-0", kGpus[1]}},
+           {{"resource.kubernetes.io/extended-resource-claim", "true"}});
+  AddClaim("plain", "uid-plain", OnePerRequest(0, 1));
+  auto extended = Prepare("pod-gpus", "uid-ext");
+  ASSERT_TRUE(extended.ok()) << extended.status();
+  ASSERT_EQ(extended->claims().at("uid-ext").error(), "");
+  const Json spec = Json::parse(ReadFile(CdiSpec("uid-ext")));
+  EXPECT_EQ(spec["containerEdits"]["env"],
+            Json::array({absl::StrCat("PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB=", kGpus[1], ",", kGpus[3])}));
+  for (const Json& device : spec["devices"]) EXPECT_FALSE(device["containerEdits"].contains("env"));
+  // Any claim without the annotation (a VM's own ResourceClaim) gets no env: KubeVirt reads the metadata file.
+  auto plain = Prepare("plain", "uid-plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(Json::parse(ReadFile(CdiSpec("uid-plain"))).contains("containerEdits"));
+}
+
 TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsThem) {
   StartNode();
   AddClaim("vm", "uid-1", OnePerRequest(0, 1));
