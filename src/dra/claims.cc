@@ -175,6 +175,20 @@ absl::Status ClaimPreparer::Load() {
   return absl::OkStatus();
 }
 
+std::vector<PreparedClaim> ClaimPreparer::Prepared() const {
+  std::vector<PreparedClaim> claims;
+  for (const auto& [uid, claim] : prepared_) claims.push_back(claim);
+  return claims;
+}
+
+absl::Status ClaimPreparer::Forget(const std::string& uid) {
+  auto it = prepared_.find(uid);
+  if (it == prepared_.end()) return absl::OkStatus();  // unprepared meanwhile
+  if (absl::Status removed = Remove(it->second); !removed.ok()) return removed;
+  prepared_.erase(it);
+  return absl::OkStatus();
+}
+
 absl::Status ClaimPreparer::Remove(const PreparedClaim& claim) const {
   // The checkpoint goes last, so a claim whose files could not all be removed is still known and retried.
   for (const std::filesystem::path& path : {claim.cdi_spec, claim.metadata_dir, CheckpointFile(claim.uid)}) {

@@ -45,6 +45,11 @@ class ClaimPreparer final : public ClaimHandler {
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
   absl::Status Load();
 
+  // The claims prepared now, and dropping one (its CDI spec, metadata and checkpoint removed) whose ResourceClaim
+  // is gone from the API: the stale-claim sweep (Driver) asks the API between the two, without holding the calls.
+  std::vector<PreparedClaim> Prepared() const;
+  absl::Status Forget(const std::string& uid);
+
   drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request) override;
   drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) override;
 

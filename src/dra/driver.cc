@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -102,14 +103,20 @@ class Driver::Impl {
                  DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
                  options_.node_name);
     loop_ = std::thread([this] { Loop(); });
+    if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
     return absl::OkStatus();
   }
 
   void Stop() {
     if (loop_.joinable()) {
-      stopping_ = true;
+      {
+        std::lock_guard lock(sweep_mu_);
+        stopping_ = true;
+      }
+      sweep_cv_.notify_all();
       watch_.Wake();
       loop_.join();
+      if (sweeper_.joinable()) sweeper_.join();
     }
     if (registration_server_) {
       std::error_code ec;
@@ -223,6 +230,50 @@ class Driver::Impl {
     next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + options_.slice_resync_interval;
   }
 
+  // A claim prepared here whose ResourceClaim the API no longer has (deleted while the agent was down, or an
+  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint. The GPUs stay on vfio-pci.
+  void SweepStaleClaims() {
+    if (!options_.get_claim) return;
+    std::vector<internal::PreparedClaim> prepared;
+    {
+      std::lock_guard lock(serialize_);
+      prepared = claims_.Prepared();
+    }
+    for (const internal::PreparedClaim& claim : prepared) {
+      if (stopping_) return;
+      // Asked without holding Prepare/Unprepare: a GET may take its whole timeout.
+      absl::StatusOr<kube::ResourceClaim> current = options_.get_claim(claim.namespace_name, claim.name);
+      std::string why;
+      if (!current.ok() && current.status().code() == absl::StatusCode::kNotFound) {
+        why = "deleted";
+      } else if (current.ok() && current->uid != claim.uid) {
+        why = absl::StrCat("replaced by UID ", current->uid);
+      } else {
+        continue;  // still there, or the API did not answer: asked again next sweep
+      }
+      std::lock_guard lock(serialize_);
+      if (absl::Status forgotten = claims_.Forget(claim.uid); !forgotten.ok()) {
+        spdlog::warn("DRA claim {}/{} ({}) {}: {}", claim.namespace_name, claim.name, claim.uid, why,
+                     std::string(forgotten.message()));
+        continue;
+      }
+      spdlog::info("DRA claim {}/{} ({}) {} in the API: its CDI spec, metadata and checkpoint removed",
+                   claim.namespace_name, claim.name, claim.uid, why);
+    }
+  }
+
+  // Its own thread: GETs of an API that does not answer must not hold the health stream or the slices.
+  void SweepLoop() {
+    NameThisThread("dra-claims");
+    std::unique_lock lock(sweep_mu_);
+    while (!stopping_) {
+      lock.unlock();
+      SweepStaleClaims();
+      lock.lock();
+      sweep_cv_.wait_for(lock, kClaimSweep, [this] { return stopping_.load(); });
+    }
+  }
+
   void Loop() {
     NameThisThread("dra-devices");
     Clock::time_point next_rescan = Clock::now() + options_.rescan_interval;
@@ -258,6 +309,9 @@ class Driver::Impl {
   // the full list is sent again well inside that even when nothing changed.
   static constexpr std::chrono::seconds kHealthRefresh{10};
   static constexpr std::chrono::milliseconds kSettleRescan{25};  // second look after a device event
+  // NVIDIA's driver sweeps every 10 minutes; a claim deleted while the agent was down is cleaned up at its start
+  // and one the kubelet never unprepared within a minute.
+  static constexpr std::chrono::seconds kClaimSweep{60};
   static constexpr std::chrono::seconds kSliceRetry{1};
   static constexpr std::chrono::seconds kSliceBurst{5};
   static constexpr std::chrono::seconds kSliceBurstInterval{1};
@@ -288,6 +342,9 @@ class Driver::Impl {
   std::atomic<bool> registered_{false};
   std::atomic<bool> stopping_{false};
   std::thread loop_;
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  std::thread sweeper_;
 };
 
 Driver::Driver(DriverOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

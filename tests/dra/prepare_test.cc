@@ -367,6 +367,37 @@ TEST_F(DraPrepareTest, AnExtendedResourceClaimSetsTheDevicePluginsEnvOnce) {
   EXPECT_FALSE(Json::parse(ReadFile(CdiSpec("uid-plain"))).contains("containerEdits"));
 }
 
+// A claim deleted (or deleted and re-created under another UID) while the agent was down is cleaned up when it
+// starts; a claim the API still has stays prepared.
+TEST_F(DraPrepareTest, ClaimsGoneFromTheApiWhileTheAgentWasDownAreCleanedUpAtStart) {
+  StartNode();
+  AddClaim("kept", "uid-kept", OnePerRequest(0, 1));
+  AddClaim("gone", "uid-gone", OnePerRequest(1, 1));
+  AddClaim("replaced", "uid-old", OnePerRequest(2, 1));
+  for (const auto& [name, uid] : std::vector<std::pair<std::string, std::string>>{
+           {"kept", "uid-kept"}, {"gone", "uid-gone"}, {"replaced", "uid-old"}}) {
+    auto prepared = Prepare(name, uid);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    ASSERT_EQ(prepared->claims().at(uid).error(), "");
+  }
+  driver_.reset();
+  ASSERT_TRUE(api_->Control("delete-claim vms gone").ok());
+  AddClaim("replaced", "uid-new", OnePerRequest(2, 1));
+  StartNode();
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return !std::filesystem::exists(Checkpoint("uid-gone")) && !std::filesystem::exists(Checkpoint("uid-old"));
+  }));
+  for (const std::string uid : {"uid-gone", "uid-old"}) EXPECT_FALSE(std::filesystem::exists(CdiSpec(uid))) << uid;
+  EXPECT_FALSE(std::filesystem::exists(MetadataFile("gone", "gpu0").parent_path()));
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint("uid-kept")));
+  EXPECT_TRUE(std::filesystem::exists(CdiSpec("uid-kept")));
+  // The GPU the deleted claim held is free for the next claim.
+  AddClaim("next", "uid-next", OnePerRequest(1, 1));
+  auto next = Prepare("next", "uid-next");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->claims().at("uid-next").error(), "");
+}
+
 TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsThem) {
   StartNode();
   AddClaim("vm", "uid-1", OnePerRequest(0, 1));
