@@ -219,6 +219,9 @@ class DraSlicesTest : public DraHealthStreamTest {
     publisher_ = *std::move(publisher);
   }
 
+  // The driver publishes through publisher_, which goes before the base class's members.
+  void TearDown() override { driver_.reset(); }
+
   DriverOptions Options() const {
     DriverOptions options = DraHealthStreamTest::Options();
     options.publish_slices = [this](std::vector<kube::SliceDevice> devices) {

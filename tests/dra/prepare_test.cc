@@ -406,10 +406,13 @@ TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsTh
   ASSERT_EQ(first->claims().at("uid-1").error(), "");
 
   RestartDriver();
+  // The start's stale-claim sweep reads it once; the kubelet's repeat reads nothing.
+  const std::string claim_path = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm";
+  ASSERT_TRUE(testing::WaitUntil([&] { return api_->Count("GET", claim_path, "200") == 2; }));
   auto again = Prepare("vm", "uid-1");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(first->SerializeAsString(), again->SerializeAsString());
-  EXPECT_EQ(api_->Count("GET", "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm", "200"), 1);
+  EXPECT_EQ(api_->Count("GET", claim_path, "200"), 2);
   EXPECT_NE(Prepare("other", "uid-2")->claims().at("uid-2").error().find("is held by prepared claim vms/vm"),
             std::string::npos);
 
