@@ -21,6 +21,7 @@ std::vector<FlagSpec> RunFlags() {
     if (spec.name != "dry-run") specs.push_back(std::move(spec));
   }
   for (auto& spec : ServeFlags()) specs.push_back(std::move(spec));
+  for (auto& spec : DraFlags()) specs.push_back(std::move(spec));
   std::vector<FlagSpec> own = {
       {"health-port", "PORT", "TCP port of the gRPC health service (readiness: service \"\", liveness: \"liveness\"); 0 = off",
        "8081"},
@@ -75,6 +76,17 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
   options.bind.paths.pod_resources_socket = options.serve.paths.pod_resources_socket;
+  absl::StatusOr<bool> use_dra = DraSelected(cmd);
+  if (!use_dra.ok()) return use_dra.status();
+  if (*use_dra) {
+    if (options.serve.workload == Workload::kVmVgpu) {
+      return absl::InvalidArgumentError("--kubelet-api dra serves passthrough GPUs; --workload vm-vgpu needs the "
+                                        "device plugin");
+    }
+    absl::StatusOr<dra::DriverOptions> dra = DraOptionsFromFlags(cmd, db);
+    if (!dra.ok()) return dra.status();
+    options.dra = *std::move(dra);
+  }
   return options;
 }
 

@@ -1,11 +1,16 @@
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
@@ -106,12 +111,8 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   return options;
 }
 
-namespace {
-
-// `serve` only, for now: `run` (bind, then serve) does not drive a DRA driver yet.
-std::vector<FlagSpec> ServeCommandFlags() {
-  std::vector<FlagSpec> specs = ServeFlags();
-  std::vector<FlagSpec> dra_specs = {
+std::vector<FlagSpec> DraFlags() {
+  return {
       {"kubelet-api", "device-plugin|dra",
        "which kubelet API serves the GPUs: the device plugin, or a DRA driver (one at a time, never both)",
        "device-plugin"},
@@ -121,11 +122,7 @@ std::vector<FlagSpec> ServeCommandFlags() {
        "/var/lib/kubelet/plugins_registry"},
       {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: where the driver's dra.sock lives, under <NAME>/",
        "/var/lib/kubelet/plugins"},
-      {"kubeconfig", "FILE", "with --kubelet-api dra: kubeconfig to read ResourceClaims outside a cluster",
-       "in-cluster service account"},
   };
-  for (FlagSpec& spec : dra_specs) specs.push_back(std::move(spec));
-  return specs;
 }
 
 absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
@@ -136,7 +133,24 @@ absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
   return api == "dra";
 }
 
-absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd) {
+namespace {
+
+// --node-name, else NODE_NAME (the downward API), else the host name, as the kubelet defaults its node name.
+std::string NodeName(const ParsedCommand& cmd) {
+  std::string name = cmd.flags.Get("node-name");
+  if (name.empty()) {
+    if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) name = downward;
+  }
+  if (name.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) name = absl::AsciiStrToLower(host);
+  }
+  return name;
+}
+
+}  // namespace
+
+absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd, const names::PciIdsDatabase* db) {
   dra::DriverOptions options;
   options.driver_name = cmd.flags.Get("dra-driver-name", options.driver_name);
   if (absl::Status name = dra::ValidateDriverName(options.driver_name); !name.ok()) {
@@ -147,20 +161,48 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd)
   options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
   options.paths = cmd.common.paths;
   options.policy = cmd.common.policy;
+  options.node_name = NodeName(cmd);
+  options.pci_ids = db;
+  options.domain = cmd.common.resource_domain;
+  options.overrides = cmd.common.name_overrides;
+  absl::StatusOr<plugin::ServeOptions> serve = ServeOptionsFromFlags(cmd, db);  // --rescan-interval, one parser
+  if (!serve.ok()) return serve.status();
+  options.rescan_interval = serve->rescan_interval;
+  const std::filesystem::path kubeconfig = cmd.flags.Get("kubeconfig");
   absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
-      kube::ConnectResourceClaimReader({.kubeconfig = cmd.flags.Get("kubeconfig")});
-  if (reader.ok()) {
-    options.get_claim = [reader = *std::move(reader)](const std::string& ns, const std::string& name) {
-      // Well inside the kubelet's 45 s for the whole Prepare call.
-      return reader->Get(ns, name, std::chrono::seconds(10));
-    };
-  } else if (reader.status().code() == absl::StatusCode::kNotFound) {
-    spdlog::warn("no Kubernetes API ({}): every DRA claim is refused until the agent runs in a cluster or gets "
-                 "--kubeconfig", std::string(reader.status().message()));
-  } else {
-    return reader.status();
+      kube::ConnectResourceClaimReader({.kubeconfig = kubeconfig});
+  if (!reader.ok()) {
+    if (reader.status().code() != absl::StatusCode::kNotFound) return reader.status();
+    spdlog::warn("no Kubernetes API ({}): every DRA claim is refused and no ResourceSlice is published until the "
+                 "agent runs in a cluster or gets --kubeconfig", std::string(reader.status().message()));
+    return options;
   }
+  options.get_claim = [reader = *std::move(reader)](const std::string& ns, const std::string& name) {
+    // Well inside the kubelet's 45 s for the whole Prepare call.
+    return reader->Get(ns, name, std::chrono::seconds(10));
+  };
+  absl::StatusOr<std::unique_ptr<kube::ResourceSlicePublisher>> publisher = kube::ConnectResourceSlicePublisher(
+      kubeconfig, kube::ClaimReaderOptions().service_account_dir,
+      {.driver = options.driver_name, .node_name = options.node_name});
+  if (!publisher.ok()) return publisher.status();
+  options.publish_slices = [publisher = std::shared_ptr<kube::ResourceSlicePublisher>(*std::move(publisher))](
+                               std::vector<kube::SliceDevice> devices) {
+    return publisher->Publish(std::move(devices));
+  };
   return options;
+}
+
+namespace {
+
+std::vector<FlagSpec> ServeCommandFlags() {
+  std::vector<FlagSpec> specs = ServeFlags();
+  for (FlagSpec& spec : DraFlags()) specs.push_back(std::move(spec));
+  specs.push_back({"kubeconfig", "FILE",
+                   "with --kubelet-api dra: kubeconfig to read ResourceClaims and write ResourceSlices outside a "
+                   "cluster", "in-cluster service account"});
+  specs.push_back({"node-name", "NAME",
+                   "with --kubelet-api dra: this node's name, the devices' pool (also env NODE_NAME)", "host name"});
+  return specs;
 }
 
 }  // namespace
@@ -181,7 +223,8 @@ int RunServe(const std::vector<std::string>& args, std::ostream& out) {
     return kExitUsage;
   }
   if (*use_dra) {
-    absl::StatusOr<dra::DriverOptions> dra_options = DraOptionsFromFlags(cmd);
+    auto db = LazyNameDatabase(cmd.common);
+    absl::StatusOr<dra::DriverOptions> dra_options = DraOptionsFromFlags(cmd, db.get());
     if (!dra_options.ok()) {
       std::cerr << "vfio-gpu-agent serve: " << dra_options.status().message() << "\n";
       return kExitUsage;

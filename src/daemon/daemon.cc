@@ -36,7 +36,7 @@ constexpr milliseconds kLagRecheck{100};
 bool ClearsByItself(const std::string& check_id) {
   // fabric.reachable: Fabric Manager initialising at boot, or reconnecting after its restart.
   return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "plugin.advertised" ||
-         check_id == "fabric.reachable";
+         check_id == "fabric.reachable" || check_id == "dra.registered" || check_id == "dra.published";
 }
 constexpr milliseconds kLabelsTimeout{2000};
 constexpr milliseconds kKubeletRecheck{60000};
@@ -76,6 +76,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
+    if (options_.dra) dra_ = std::make_unique<dra::Driver>(*options_.dra);
     if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
   }
   ~Impl() override {
@@ -159,6 +160,12 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
   std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
                                            const plugin::DeviceSnapshot& served);
+  // run --kubelet-api dra: the driver registered, every GPU of `required` published healthy, the node's slices
+  // written. nullopt when all holds.
+  // A GPU `expected` (the daemon's own scan) has healthy that the driver does not yet is dra.published, which
+  // clears by itself (the driver is one rescan behind a bind).
+  std::optional<Readiness> DraReadiness(const std::vector<std::string>& required,
+                                        const plugin::DeviceSnapshot& expected);
   Readiness EvaluateVgpu();
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
@@ -177,6 +184,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   internal::Metrics metrics_;
   internal::HealthServer health_;
   std::unique_ptr<plugin::Agent> agent_;
+  std::unique_ptr<dra::Driver> dra_;  // run --kubelet-api dra: serves instead of agent_, which is never started
   plugin::internal::DirWatcher dirs_;
   plugin::internal::Wakeup wakeup_;
   std::thread loop_;
@@ -266,6 +274,7 @@ void Daemon::Impl::Stop() {
     }
   }
   agent_->Stop();
+  if (dra_) dra_->Stop();
   health_.Shutdown();
   if (started_) spdlog::info("run: stopped; every device stays on its driver");
 }
@@ -376,7 +385,7 @@ absl::Status Daemon::Impl::PassOnce() {
   const bool attempted = BindDue(*inventory, selection);
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
-    if (absl::Status status = agent_->Start(); !status.ok()) return status;
+    if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
     serving_ = true;
   }
   // Readiness from the host as it is after this pass's binds.
@@ -556,11 +565,55 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
                                       fabric->error)};
     }
   }
-  const plugin::DeviceSnapshot served = agent_->Snapshot();
-  if (std::optional<Readiness> failing = ServedReadiness(view, gpus, served)) return *failing;
+  if (dra_) {
+    if (std::optional<Readiness> failing = DraReadiness(gpus, expected)) return *failing;
+  } else if (std::optional<Readiness> failing = ServedReadiness(view, gpus, agent_->Snapshot())) {
+    return *failing;
+  }
   return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
           .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
                                   absl::StrJoin(gpus, ","))};
+}
+
+std::optional<Readiness> Daemon::Impl::DraReadiness(const std::vector<std::string>& required,
+                                                    const plugin::DeviceSnapshot& expected) {
+  metrics_.SetValidation(host_checks_);
+  std::map<std::string, const dra::GpuDevice*> published;
+  const std::vector<dra::GpuDevice> devices = dra_->Devices();
+  for (const dra::GpuDevice& device : devices) published[device.bdf] = &device;
+  std::vector<std::string> behind, unhealthy;
+  for (const std::string& bdf : required) {
+    auto it = published.find(bdf);
+    const bool healthy_here = std::any_of(expected.resources.begin(), expected.resources.end(), [&](const auto& r) {
+      const plugin::PluginDevice* device = r.second.Find(bdf);
+      return device != nullptr && device->healthy;
+    });
+    if (it == published.end() || (!it->second->healthy() && healthy_here)) {
+      behind.push_back(bdf);
+    } else if (!it->second->healthy()) {
+      unhealthy.push_back(absl::StrCat(bdf, " (", it->second->unhealthy_reason, ")"));
+    }
+  }
+  if (!unhealthy.empty()) {
+    return Readiness{.ready = false, .check_id = "dra.healthy", .reason = "DeviceUnhealthy",
+                     .message = absl::StrCat("dra.healthy: ", absl::StrJoin(unhealthy, "; "))};
+  }
+  if (!behind.empty()) {
+    return Readiness{.ready = false, .check_id = "dra.published", .reason = "DeviceNotAdvertised",
+                     .message = absl::StrCat("dra.published: bound but not published healthy yet: ",
+                                             absl::StrJoin(behind, ","))};
+  }
+  if (const dra::RegistrationStatus registration = dra_->Registration(); !registration.registered) {
+    return Readiness{.ready = false, .check_id = "dra.registered", .reason = "NotRegistered",
+                     .message = absl::StrCat("dra.registered: the kubelet has not accepted DRA driver ",
+                                             options_.dra->driver_name,
+                                             registration.error.empty() ? "" : ": " + registration.error)};
+  }
+  if (const std::string error = dra_->SliceError(); !error.empty()) {
+    return Readiness{.ready = false, .check_id = "dra.slices", .reason = "SlicesNotPublished",
+                     .message = absl::StrCat("dra.slices: ", error)};
+  }
+  return std::nullopt;
 }
 
 // A vGPU's health is not the node's readiness: vGPUs come and go with the profile config (a removed one stays
@@ -713,7 +766,8 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
 }
 
 void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
-  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  // The DRA driver applies the same health rule (pci/vfio_health.h) to the same sysfs: its devices are `expected`.
+  const plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
   std::map<std::pair<std::string, std::string>, int> counts;
   std::set<std::string> advertised;
   for (const auto& [name, resource] : served.resources) {

@@ -1,6 +1,7 @@
 #include "claims.h"
 
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,6 +22,8 @@ constexpr char kMetadataContainerDir[] = "/var/run/kubernetes.io/dra-device-attr
 constexpr char kPodClaimNameAnnotation[] = "resource.kubernetes.io/pod-claim-name";
 constexpr char kPciBusIdAttribute[] = "resource.kubernetes.io/pciBusID";
 constexpr char kMetadataApiVersion[] = "metadata.resource.k8s.io/v1alpha1";
+// Set by the scheduler on the claim it creates for a pod's extended-resource request (DRAExtendedResource).
+constexpr char kExtendedResourceClaimAnnotation[] = "resource.kubernetes.io/extended-resource-claim";
 
 std::string ClaimRef(const drav1::Claim& claim) {
   return absl::StrCat("claim ", claim.namespace_(), "/", claim.name(), " (", claim.uid(), ")");
@@ -132,7 +135,9 @@ drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
 }
 
 ClaimPreparer::ClaimPreparer(const DriverOptions& options)
-    : options_(options), plugin_dir_(options.plugins_dir / options.driver_name) {}
+    : options_(options),
+      names_(options.pci_ids, options.domain, options.overrides),
+      plugin_dir_(options.plugins_dir / options.driver_name) {}
 
 std::filesystem::path ClaimPreparer::CheckpointFile(const std::string& uid) const {
   return plugin_dir_ / "claims" / (uid + ".json");
@@ -167,6 +172,20 @@ absl::Status ClaimPreparer::Load() {
     const std::string uid = claim->uid;
     prepared_[uid] = *std::move(claim);
   }
+  return absl::OkStatus();
+}
+
+std::vector<PreparedClaim> ClaimPreparer::Prepared() const {
+  std::vector<PreparedClaim> claims;
+  for (const auto& [uid, claim] : prepared_) claims.push_back(claim);
+  return claims;
+}
+
+absl::Status ClaimPreparer::Forget(const std::string& uid) {
+  auto it = prepared_.find(uid);
+  if (it == prepared_.end()) return absl::OkStatus();  // unprepared meanwhile
+  if (absl::Status removed = Remove(it->second); !removed.ok()) return removed;
+  prepared_.erase(it);
   return absl::OkStatus();
 }
 
@@ -228,6 +247,26 @@ absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::strin
   return absl::OkStatus();
 }
 
+void ClaimPreparer::AddExtendedResourceEnv(const std::vector<PreparedDevice>& devices,
+                                           const pci::Inventory& inventory, const pci::Selection& selection,
+                                           cdi::v1::ContainerEdits* edits) const {
+  // Names over every selected GPU, as the device plugin and the slices resolve them.
+  std::vector<std::pair<uint16_t, uint16_t>> ids;
+  for (const std::string& bdf : selection.gpus) {
+    if (const pci::Function* fn = inventory.Find(bdf); fn != nullptr && selection.RoleOf(bdf) == pci::Role::kGpu) {
+      ids.emplace_back(fn->vendor_id, fn->device_id);
+    }
+  }
+  const std::map<uint32_t, names::ResolvedName> resolved = names_.Resolve(ids);
+  std::map<std::string, std::set<std::string>> bdfs_by_env;  // sorted, as Allocate sends them
+  for (const PreparedDevice& device : devices) {
+    const pci::Function* fn = inventory.Find(device.bdf);
+    auto name = fn == nullptr ? resolved.end() : resolved.find(names::NameKey(fn->vendor_id, fn->device_id));
+    if (name != resolved.end()) bdfs_by_env[names::KubevirtEnvName(name->second.resource_name)].insert(device.bdf);
+  }
+  for (const auto& [env, bdfs] : bdfs_by_env) edits->add_env(absl::StrCat(env, "=", absl::StrJoin(bdfs, ",")));
+}
+
 absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& inventory,
                                                         const pci::Selection& selection) {
   const std::string ref = ClaimRef(request);
@@ -287,6 +326,11 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
                                 .bdf = *bdf,
                                 .cdi_ids = {absl::StrCat(kind, "=", cdi_name)}});
     by_request[BaseRequest(result->request)].push_back(result);
+  }
+
+  if (auto it = claim->annotations.find(kExtendedResourceClaimAnnotation);
+      it != claim->annotations.end() && it->second == "true") {
+    AddExtendedResourceEnv(prepared.devices, inventory, selection, spec.mutable_container_edits());
   }
 
   // One metadata file per request, bind-mounted by its own CDI device, whose ID goes with the request's first device.

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "cdi/v1/spec.pb.h"
 #include "kubelet_services.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 
 namespace vfio_agent::dra::internal {
@@ -43,6 +45,11 @@ class ClaimPreparer final : public ClaimHandler {
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
   absl::Status Load();
 
+  // The claims prepared now, and dropping one (its CDI spec, metadata and checkpoint removed) whose ResourceClaim
+  // is gone from the API: the stale-claim sweep (Driver) asks the API between the two, without holding the calls.
+  std::vector<PreparedClaim> Prepared() const;
+  absl::Status Forget(const std::string& uid);
+
   drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request) override;
   drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) override;
 
@@ -52,11 +59,16 @@ class ClaimPreparer final : public ClaimHandler {
                                            const pci::Selection& selection);
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
                            const pci::Selection& selection, const std::string& uid) const;
+  // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
+  // for each model among `devices`, exactly as the device plugin's Allocate sets it.
+  void AddExtendedResourceEnv(const std::vector<PreparedDevice>& devices, const pci::Inventory& inventory,
+                              const pci::Selection& selection, cdi::v1::ContainerEdits* edits) const;
   std::filesystem::path CheckpointFile(const std::string& uid) const;
   // Removes the claim's CDI spec, metadata and checkpoint file.
   absl::Status Remove(const PreparedClaim& claim) const;
 
   const DriverOptions options_;
+  const names::NameResolver names_;
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
   std::string boot_id_;
   std::map<std::string, PreparedClaim> prepared_;  // by claim UID

@@ -2,7 +2,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -10,8 +15,11 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/server_builder.h"
 #include "claims.h"
+#include "device_watch.h"
+#include "health.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 
 namespace vfio_agent::dra {
@@ -67,15 +75,22 @@ class Driver::Impl {
  public:
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
-        registration_(options_),
+        names_(options_.pci_ids, options_.domain, options_.overrides),
+        registration_(options_, [this](bool accepted) {
+          if (accepted) WakeForRegistration();
+        }),
         claims_(options_),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
+  ~Impl() { Stop(); }
+
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
-    auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_});
+    if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
+    Rescan();  // the health stream's first message is the real list, never an empty one
+    auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
     if (!dra.ok()) return dra.status();
     dra_server_ = *std::move(dra);
     auto registration = ServeOn(RegistrationSocket(options_), {&registration_});
@@ -84,12 +99,25 @@ class Driver::Impl {
       return registration.status();
     }
     registration_server_ = *std::move(registration);
-    spdlog::info("DRA driver {}: serving {} and registration on {}", options_.driver_name,
-                 DraSocket(options_).string(), RegistrationSocket(options_).string());
+    spdlog::info("DRA driver {}: serving {} and registration on {} ({} GPUs, pool {})", options_.driver_name,
+                 DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
+                 options_.node_name);
+    loop_ = std::thread([this] { Loop(); });
+    if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
     return absl::OkStatus();
   }
 
   void Stop() {
+    if (loop_.joinable()) {
+      {
+        std::lock_guard lock(sweep_mu_);
+        stopping_ = true;
+      }
+      sweep_cv_.notify_all();
+      watch_.Wake();
+      loop_.join();
+      if (sweeper_.joinable()) sweeper_.join();
+    }
     if (registration_server_) {
       std::error_code ec;
       std::filesystem::remove(RegistrationSocket(options_), ec);
@@ -101,23 +129,222 @@ class Driver::Impl {
 
   RegistrationStatus Registration() const { return registration_.Status(); }
 
+  std::vector<GpuDevice> Devices() const {
+    std::lock_guard lock(mu_);
+    return devices_;
+  }
+  int HealthStreams() const { return health_.open_streams(); }
+  int SliceWrites() const {
+    std::lock_guard lock(mu_);
+    return slice_writes_;
+  }
+  std::string SliceError() const {
+    std::lock_guard lock(mu_);
+    return slice_error_;
+  }
+
  private:
+  using Clock = std::chrono::steady_clock;
+
   void StopDra() {
     if (!dra_server_) return;
     std::error_code ec;
     std::filesystem::remove(DraSocket(options_), ec);
+    health_.CloseAll();  // a server's Shutdown waits for open streams
     dra_server_->Shutdown();
     dra_server_.reset();
   }
 
+  void WakeForRegistration() {
+    registered_ = true;
+    watch_.Wake();
+  }
+
+  // Scans sysfs; on a change, logs it, sends the health streams the new list and marks the slices stale.
+  void Rescan() {
+    absl::StatusOr<pci::Inventory> inventory =
+        pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+    if (!inventory.ok()) {
+      spdlog::error("DRA rescan: {}; keeping the previous device list", inventory.status().ToString());
+      return;
+    }
+    const pci::Selection selection = pci::Select(*inventory, options_.policy);
+    std::vector<GpuDevice> previous = Devices();
+    std::vector<GpuDevice> next =
+        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous);
+    if (next == previous && health_sent_) return;
+    LogChanges(previous, next);
+    {
+      std::lock_guard lock(mu_);
+      devices_ = next;
+    }
+    SendHealth(next);
+    slices_stale_ = true;
+  }
+
+  static void LogChanges(const std::vector<GpuDevice>& previous, const std::vector<GpuDevice>& next) {
+    std::map<std::string, const GpuDevice*> before;
+    for (const GpuDevice& device : previous) before[device.bdf] = &device;
+    for (const GpuDevice& device : next) {
+      auto it = before.find(device.bdf);
+      const bool was_healthy = it != before.end() && it->second->healthy();
+      if (it != before.end() && was_healthy == device.healthy() && *it->second == device) continue;
+      if (device.healthy()) {
+        spdlog::info("DRA device {} ({}): Healthy", device.slice.name, device.bdf);
+      } else {
+        spdlog::warn("DRA device {} ({}): Unhealthy: {}", device.slice.name, device.bdf, device.unhealthy_reason);
+      }
+    }
+  }
+
+  void SendHealth(const std::vector<GpuDevice>& devices) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+    health_.Publish(internal::HealthMessage(devices, options_.node_name, now));
+    health_sent_ = true;
+    next_health_ = Clock::now() + kHealthRefresh;
+  }
+
+  void SyncSlices() {
+    const Clock::time_point now = Clock::now();
+    std::vector<kube::SliceDevice> slices;
+    for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
+    absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
+    std::lock_guard lock(mu_);
+    if (!result.ok()) {
+      // Retried in a second: an API server that is down costs one failed request a second, no more.
+      if (slice_error_ != result.status().message()) {
+        spdlog::error("DRA ResourceSlices of node {}: {}", options_.node_name, std::string(result.status().message()));
+      }
+      slice_error_ = std::string(result.status().message());
+      next_slices_ = now + kSliceRetry;
+      return;
+    }
+    slice_error_.clear();
+    slices_stale_ = false;
+    if (result->changed()) {
+      ++slice_writes_;
+      spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted)",
+                   options_.node_name, result->generation, result->created, result->updated, result->deleted);
+    }
+    next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + options_.slice_resync_interval;
+  }
+
+  // A claim prepared here whose ResourceClaim the API no longer has (deleted while the agent was down, or an
+  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint. The GPUs stay on vfio-pci.
+  void SweepStaleClaims() {
+    if (!options_.get_claim) return;
+    std::vector<internal::PreparedClaim> prepared;
+    {
+      std::lock_guard lock(serialize_);
+      prepared = claims_.Prepared();
+    }
+    for (const internal::PreparedClaim& claim : prepared) {
+      if (stopping_) return;
+      // Asked without holding Prepare/Unprepare: a GET may take its whole timeout.
+      absl::StatusOr<kube::ResourceClaim> current = options_.get_claim(claim.namespace_name, claim.name);
+      std::string why;
+      if (!current.ok() && current.status().code() == absl::StatusCode::kNotFound) {
+        why = "deleted";
+      } else if (current.ok() && current->uid != claim.uid) {
+        why = absl::StrCat("replaced by UID ", current->uid);
+      } else {
+        continue;  // still there, or the API did not answer: asked again next sweep
+      }
+      std::lock_guard lock(serialize_);
+      if (absl::Status forgotten = claims_.Forget(claim.uid); !forgotten.ok()) {
+        spdlog::warn("DRA claim {}/{} ({}) {}: {}", claim.namespace_name, claim.name, claim.uid, why,
+                     std::string(forgotten.message()));
+        continue;
+      }
+      spdlog::info("DRA claim {}/{} ({}) {} in the API: its CDI spec, metadata and checkpoint removed",
+                   claim.namespace_name, claim.name, claim.uid, why);
+    }
+  }
+
+  // Its own thread: GETs of an API that does not answer must not hold the health stream or the slices.
+  void SweepLoop() {
+    NameThisThread("dra-claims");
+    std::unique_lock lock(sweep_mu_);
+    while (!stopping_) {
+      lock.unlock();
+      SweepStaleClaims();
+      lock.lock();
+      sweep_cv_.wait_for(lock, kClaimSweep, [this] { return stopping_.load(); });
+    }
+  }
+
+  void Loop() {
+    NameThisThread("dra-devices");
+    Clock::time_point next_rescan = Clock::now() + options_.rescan_interval;
+    Clock::time_point settle = Clock::time_point::max();
+    while (!stopping_) {
+      if (registered_.exchange(false)) {
+        slice_burst_until_ = Clock::now() + kSliceBurst;
+        slices_stale_ = true;
+      }
+      if (options_.publish_slices && (slices_stale_ || Clock::now() >= next_slices_)) SyncSlices();
+      Clock::time_point wake = std::min({next_rescan, settle, next_health_});
+      if (options_.publish_slices) wake = std::min(wake, next_slices_);
+      const internal::DeviceWatch::Woken woken = watch_.Wait(wake);
+      if (stopping_) break;
+      const Clock::time_point now = Clock::now();
+      bool rescan = false;
+      if (woken.devices) {
+        rescan = true;
+        settle = now + kSettleRescan;
+      } else if (now >= settle) {
+        settle = Clock::time_point::max();
+        rescan = true;
+      }
+      if (rescan || now >= next_rescan) {
+        next_rescan = now + options_.rescan_interval;
+        Rescan();
+      }
+      if (Clock::now() >= next_health_) SendHealth(Devices());
+    }
+  }
+
+  // The v1.36 kubelet takes a device not reported for 30 s as Unknown (health_info_cache.go, healthTimeout), so
+  // the full list is sent again well inside that even when nothing changed.
+  static constexpr std::chrono::seconds kHealthRefresh{10};
+  static constexpr std::chrono::milliseconds kSettleRescan{25};  // second look after a device event
+  // NVIDIA's driver sweeps every 10 minutes; a claim deleted while the agent was down is cleaned up at its start
+  // and one the kubelet never unprepared within a minute.
+  static constexpr std::chrono::seconds kClaimSweep{60};
+  static constexpr std::chrono::seconds kSliceRetry{1};
+  static constexpr std::chrono::seconds kSliceBurst{5};
+  static constexpr std::chrono::seconds kSliceBurstInterval{1};
+
   const DriverOptions options_;
+  const names::NameResolver names_;
   internal::RegistrationService registration_;
   internal::ClaimPreparer claims_;
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
   internal::DraServiceV1beta1 v1beta1_;
+  internal::HealthService health_;
+  internal::DeviceWatch watch_;
   std::unique_ptr<grpc::Server> dra_server_;
   std::unique_ptr<grpc::Server> registration_server_;
+
+  mutable std::mutex mu_;  // devices_ and the slice counters, read by other threads
+  std::vector<GpuDevice> devices_;
+  int slice_writes_ = 0;
+  std::string slice_error_;
+
+  // The loop thread's own (Start's Rescan runs before the thread exists).
+  bool health_sent_ = false;
+  bool slices_stale_ = true;
+  Clock::time_point next_health_ = Clock::time_point::max();
+  Clock::time_point next_slices_{};
+  Clock::time_point slice_burst_until_{};
+  std::atomic<bool> registered_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread loop_;
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  std::thread sweeper_;
 };
 
 Driver::Driver(DriverOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -125,6 +352,10 @@ Driver::~Driver() { Stop(); }
 absl::Status Driver::Start() { return impl_->Start(); }
 void Driver::Stop() { impl_->Stop(); }
 RegistrationStatus Driver::Registration() const { return impl_->Registration(); }
+std::vector<GpuDevice> Driver::Devices() const { return impl_->Devices(); }
+int Driver::HealthStreams() const { return impl_->HealthStreams(); }
+int Driver::SliceWrites() const { return impl_->SliceWrites(); }
+std::string Driver::SliceError() const { return impl_->SliceError(); }
 
 absl::Status Serve(const DriverOptions& options) {
   sigset_t signals;

@@ -32,8 +32,8 @@ grpc::Status Convert(const From& from, To* to) {
   return info;
 }
 
-RegistrationService::RegistrationService(const DriverOptions& options)
-    : info_(MakePluginInfo(options)), record_(RegistrationRecordPath(options)) {}
+RegistrationService::RegistrationService(const DriverOptions& options, std::function<void(bool accepted)> on_notify)
+    : info_(MakePluginInfo(options)), record_(RegistrationRecordPath(options)), on_notify_(std::move(on_notify)) {}
 
 grpc::Status RegistrationService::GetInfo(grpc::ServerContext*, const ::pluginregistration::InfoRequest*,
                                           ::pluginregistration::PluginInfo* info) {
@@ -51,14 +51,17 @@ grpc::Status RegistrationService::NotifyRegistrationStatus(grpc::ServerContext*,
   } else {
     spdlog::error("DRA driver {}: the kubelet refused the registration: {}", info_.name(), status->error());
   }
-  std::lock_guard lock(mu_);
-  ++status_.notifications;
-  status_.registered = status->plugin_registered();
-  status_.error = status->plugin_registered() ? "" : status->error();
-  if (absl::Status written = WriteRegistrationRecord(record_, status_); !written.ok()) {
-    spdlog::warn("DRA driver {}: the registration record for validate is not written: {}", info_.name(),
-                 std::string(written.message()));
+  {
+    std::lock_guard lock(mu_);
+    ++status_.notifications;
+    status_.registered = status->plugin_registered();
+    status_.error = status->plugin_registered() ? "" : status->error();
+    if (absl::Status written = WriteRegistrationRecord(record_, status_); !written.ok()) {
+      spdlog::warn("DRA driver {}: the registration record for validate is not written: {}", info_.name(),
+                   std::string(written.message()));
+    }
   }
+  if (on_notify_) on_notify_(status->plugin_registered());
   return grpc::Status::OK;
 }
 

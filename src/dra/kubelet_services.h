@@ -27,7 +27,8 @@ class ClaimHandler {
 // written to the registration record (registration_record.h) for `validate`.
 class RegistrationService final : public ::pluginregistration::Registration::Service {
  public:
-  explicit RegistrationService(const DriverOptions& options);
+  // `on_notify` (may be empty) runs on a gRPC thread after each NotifyRegistrationStatus, with its verdict.
+  RegistrationService(const DriverOptions& options, std::function<void(bool accepted)> on_notify);
   grpc::Status GetInfo(grpc::ServerContext* context, const ::pluginregistration::InfoRequest* request,
                        ::pluginregistration::PluginInfo* info) override;
   grpc::Status NotifyRegistrationStatus(grpc::ServerContext* context,
@@ -38,6 +39,7 @@ class RegistrationService final : public ::pluginregistration::Registration::Ser
  private:
   const ::pluginregistration::PluginInfo info_;
   const std::filesystem::path record_;
+  const std::function<void(bool accepted)> on_notify_;
   mutable std::mutex mu_;
   RegistrationStatus status_;
 };

@@ -1,14 +1,10 @@
 #include "vfio_gpu_agent/plugin/devices.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/common/fs.h"
-#include "vfio_nodes.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -16,67 +12,12 @@ namespace {
 // NVSwitches (selected only with --nvswitches) are a resource of their own, for VMs that take the whole board.
 bool IsAdvertisedRole(pci::Role role) { return role == pci::Role::kGpu || role == pci::Role::kNvSwitch; }
 
-// Why a device cannot be handed to a VM right now; "" when it can.
-std::string UnhealthyReason(const HostPaths& paths, const pci::Function& fn, const pci::GroupAssessment* group,
-                            bool iommufd) {
-  if (!pci::IsVfioDriver(fn.driver)) {
-    return fn.driver.empty() ? "no driver" : absl::StrCat("driver ", fn.driver);
-  }
-  if (!fn.iommu_group) return "no IOMMU group";
-  if (std::string missing = internal::MissingVfioNode(paths, *fn.iommu_group, fn.vfio_cdevs, iommufd);
-      !missing.empty()) {
-    return missing;
-  }
-  // vfio-pci parks an idle device in D3cold; a config read would wake it (seconds of power-up per GPU, on
-  // every rescan). Its state is known without one: bound, group node present, vfio wakes it on open.
-  absl::StatusOr<std::string> power = fs::ReadTrimmed(paths.PciDevice(fn.bdf) / "power_state");
-  if (power.ok() && *power == "D3cold") return "";
-  absl::StatusOr<uint16_t> vendor = ReadConfigVendor(paths, fn.bdf);
-  if (!vendor.ok()) return absl::StrCat("config space unreadable: ", vendor.status().message());
-  if (*vendor == 0xffff) return "config space reads 0xffff (device off the bus)";
-  if (group == nullptr || !group->viable) {
-    std::string reason = absl::StrCat("IOMMU group ", *fn.iommu_group, " not viable");
-    if (group != nullptr && !group->blockers.empty()) absl::StrAppend(&reason, ": ", group->blockers.front());
-    return reason;
-  }
-  return "";
-}
-
 }  // namespace
-
-namespace internal {
-
-std::string MissingVfioNode(const HostPaths& paths, int group, const std::vector<std::string>& cdevs, bool iommufd) {
-  const std::filesystem::path group_node = paths.VfioDir() / std::to_string(group);
-  if (fs::Exists(group_node)) return "";
-  // A cdev-only host (no legacy group nodes) still works through iommufd.
-  if (iommufd && !cdevs.empty() && std::all_of(cdevs.begin(), cdevs.end(), [&](const std::string& cdev) {
-        return fs::Exists(paths.VfioDir() / "devices" / cdev);
-      })) {
-    return "";
-  }
-  return absl::StrCat("no ", group_node.string());
-}
-
-}  // namespace internal
 
 const PluginDevice* ResourceDevices::Find(std::string_view id) const {
   auto it = std::lower_bound(devices.begin(), devices.end(), id,
                              [](const PluginDevice& d, std::string_view v) { return d.id < v; });
   return it != devices.end() && it->id == id ? &*it : nullptr;
-}
-
-absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::string& bdf) {
-  const std::filesystem::path config = paths.PciDevice(bdf) / "config";
-  int fd = ::open(config.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fs::ErrnoStatus(errno, "open", config);
-  unsigned char bytes[2] = {0, 0};
-  ssize_t n = ::pread(fd, bytes, sizeof bytes, 0);
-  int err = errno;
-  ::close(fd);
-  if (n < 0) return fs::ErrnoStatus(err, "read", config);
-  if (n < 2) return absl::UnavailableError(absl::StrCat("short read of ", config.string()));
-  return static_cast<uint16_t>(bytes[0] | (bytes[1] << 8));
 }
 
 std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory& inventory,
@@ -118,7 +59,7 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
     const pci::GroupAssessment* group = selection.GroupOf(*fn);
     PluginDevice device;
     device.id = fn->bdf;
-    device.unhealthy_reason = UnhealthyReason(paths, *fn, group, snapshot.iommufd);
+    device.unhealthy_reason = pci::VfioUnhealthyReason(paths, *fn, group, snapshot.iommufd);
     device.healthy = device.unhealthy_reason.empty();
     device.numa_node = fn->numa_node;
     device.iommu_group = fn->iommu_group;

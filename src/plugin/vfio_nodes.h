@@ -2,15 +2,11 @@
 // and the vGPU device models.
 #pragma once
 
-#include <string>
-#include <vector>
-
-#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin::internal {
 
-// "" when <dev_root>/vfio/<group> exists, or, on an iommufd host, every one of `cdevs` under
-// <dev_root>/vfio/devices (a cdev-only host still works through iommufd); else "no <group node path>".
-std::string MissingVfioNode(const HostPaths& paths, int group, const std::vector<std::string>& cdevs, bool iommufd);
+// The rule is pci::MissingVfioNode, which the DRA frontend applies too.
+using pci::MissingVfioNode;
 
 }  // namespace vfio_agent::plugin::internal

@@ -347,6 +347,57 @@ TEST_F(DraPrepareTest, AClaimFromATemplateIsMountedUnderThePodsClaimName) {
   EXPECT_EQ((*ReadDeviceMetadata(MetadataFile("vm-gpu-x7k2p", "gpu0")))["podClaimName"], "gpu");
 }
 
+// DRAExtendedResource: a VM spec asking nvidia.com/<NAME> gets a claim the scheduler made, and KubeVirt reads the
+// BDFs from the env the device plugin's Allocate sets, once for the claim, sorted and comma-joined.
+TEST_F(DraPrepareTest, AnExtendedResourceClaimSetsTheDevicePluginsEnvOnce) {
+  StartNode();
+  AddClaim("pod-gpus", "uid-ext", {{"container-0-request-0", kGpus[3]}, {"container-0-request-0", kGpus[1]}},
+           {{"resource.kubernetes.io/extended-resource-claim", "true"}});
+  AddClaim("plain", "uid-plain", OnePerRequest(0, 1));
+  auto extended = Prepare("pod-gpus", "uid-ext");
+  ASSERT_TRUE(extended.ok()) << extended.status();
+  ASSERT_EQ(extended->claims().at("uid-ext").error(), "");
+  const Json spec = Json::parse(ReadFile(CdiSpec("uid-ext")));
+  EXPECT_EQ(spec["containerEdits"]["env"],
+            Json::array({absl::StrCat("PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB=", kGpus[1], ",", kGpus[3])}));
+  for (const Json& device : spec["devices"]) EXPECT_FALSE(device["containerEdits"].contains("env"));
+  // Any claim without the annotation (a VM's own ResourceClaim) gets no env: KubeVirt reads the metadata file.
+  auto plain = Prepare("plain", "uid-plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(Json::parse(ReadFile(CdiSpec("uid-plain"))).contains("containerEdits"));
+}
+
+// A claim deleted (or deleted and re-created under another UID) while the agent was down is cleaned up when it
+// starts; a claim the API still has stays prepared.
+TEST_F(DraPrepareTest, ClaimsGoneFromTheApiWhileTheAgentWasDownAreCleanedUpAtStart) {
+  StartNode();
+  AddClaim("kept", "uid-kept", OnePerRequest(0, 1));
+  AddClaim("gone", "uid-gone", OnePerRequest(1, 1));
+  AddClaim("replaced", "uid-old", OnePerRequest(2, 1));
+  for (const auto& [name, uid] : std::vector<std::pair<std::string, std::string>>{
+           {"kept", "uid-kept"}, {"gone", "uid-gone"}, {"replaced", "uid-old"}}) {
+    auto prepared = Prepare(name, uid);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    ASSERT_EQ(prepared->claims().at(uid).error(), "");
+  }
+  driver_.reset();
+  ASSERT_TRUE(api_->Control("delete-claim vms gone").ok());
+  AddClaim("replaced", "uid-new", OnePerRequest(2, 1));
+  StartNode();
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return !std::filesystem::exists(Checkpoint("uid-gone")) && !std::filesystem::exists(Checkpoint("uid-old"));
+  }));
+  for (const std::string uid : {"uid-gone", "uid-old"}) EXPECT_FALSE(std::filesystem::exists(CdiSpec(uid))) << uid;
+  EXPECT_FALSE(std::filesystem::exists(MetadataFile("gone", "gpu0").parent_path()));
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint("uid-kept")));
+  EXPECT_TRUE(std::filesystem::exists(CdiSpec("uid-kept")));
+  // The GPU the deleted claim held is free for the next claim.
+  AddClaim("next", "uid-next", OnePerRequest(1, 1));
+  auto next = Prepare("next", "uid-next");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->claims().at("uid-next").error(), "");
+}
+
 TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsThem) {
   StartNode();
   AddClaim("vm", "uid-1", OnePerRequest(0, 1));
@@ -355,10 +406,13 @@ TEST_F(DraPrepareTest, AnAgentRestartKeepsPreparedClaimsAndAnotherBootDiscardsTh
   ASSERT_EQ(first->claims().at("uid-1").error(), "");
 
   RestartDriver();
+  // The start's stale-claim sweep reads it once; the kubelet's repeat reads nothing.
+  const std::string claim_path = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm";
+  ASSERT_TRUE(testing::WaitUntil([&] { return api_->Count("GET", claim_path, "200") == 2; }));
   auto again = Prepare("vm", "uid-1");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(first->SerializeAsString(), again->SerializeAsString());
-  EXPECT_EQ(api_->Count("GET", "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/vm", "200"), 1);
+  EXPECT_EQ(api_->Count("GET", claim_path, "200"), 2);
   EXPECT_NE(Prepare("other", "uid-2")->claims().at("uid-2").error().find("is held by prepared claim vms/vm"),
             std::string::npos);
 
@@ -413,7 +467,7 @@ TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) 
        "--kubelet-plugins-dir", options.plugins_dir.string(), "--cdi-dir", options.cdi_dir.string(), "--sysfs-root",
        options.paths.sysfs_root.string(), "--dev-root", options.paths.dev_root.string(), "--proc-root",
        options.paths.proc_root.string(), "--kubelet-dir", device_plugins.string(), "--kubeconfig",
-       (dir_.path() / "kubeconfig").string()},
+       (dir_.path() / "kubeconfig").string(), "--node-name", kPool},
       dir_.path() / "agent.log");
   ASSERT_GT(agent, 0);
   kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = options.registry_dir});
@@ -425,6 +479,19 @@ TEST_F(DraPrepareTest, ServeWithTheDraApiPreparesClaimsAndStartsNoDevicePlugin) 
   ASSERT_TRUE(response.ok()) << response.status();
   ExpectPrepared(response->claims().at("uid-1"), "vm", "uid-1", OnePerRequest(0, 1));
   EXPECT_TRUE(std::filesystem::is_empty(device_plugins));  // one kubelet API at a time
+  // The node's slice: every GPU in the node's pool; the two whose groups are not viable (an HDA function on
+  // snd_hda_intel, a NIC) tainted.
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto slices = api_->Slices();
+    return slices.ok() && slices->size() == 1 && (*slices)[0]["spec"]["devices"].size() == kGpus.size() + 2;
+  })) << ReadFile(dir_.path() / "agent.log");
+  const Json slice = (*api_->Slices())[0];
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kPool);
+  std::vector<std::string> tainted;
+  for (const Json& device : slice["spec"]["devices"]) {
+    if (device.contains("taints")) tainted.push_back(device["name"]);
+  }
+  EXPECT_EQ(tainted, (std::vector<std::string>{DeviceName(kGpuWithAudio), DeviceName(kGpuWithNic)}));
 
   ::kill(agent, SIGTERM);
   EXPECT_EQ(WaitExit(agent), 0) << ReadFile(dir_.path() / "agent.log");

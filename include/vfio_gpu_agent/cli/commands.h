@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/cli/common_options.h"
 #include "vfio_gpu_agent/cli/flags.h"
 #include "vfio_gpu_agent/plugin/agent.h"
@@ -44,6 +45,14 @@ std::vector<FlagSpec> BindFlags();
 std::vector<FlagSpec> ServeFlags();
 absl::StatusOr<binding::BinderOptions> BinderOptionsFromFlags(const ParsedCommand& cmd);
 absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& cmd, const names::PciIdsDatabase* db);
+// --kubelet-api and the DRA driver's flags, shared by serve and run (each has its own --kubeconfig, --node-name,
+// --cdi-dir and --rescan-interval, which the DRA options also read).
+std::vector<FlagSpec> DraFlags();
+// Whether --kubelet-api is dra; InvalidArgument for a value other than device-plugin or dra.
+absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd);
+// With the Kubernetes API (--kubeconfig, else in-cluster) claims are read and the node's ResourceSlices kept;
+// without one, every claim is refused and no slice is written.
+absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd, const names::PciIdsDatabase* db);
 // --fabric-manager and its mode, shared by serve, run and validate; address "" = off.
 std::vector<FlagSpec> FabricFlags();
 absl::StatusOr<fabric::FabricOptions> FabricOptionsFromFlags(const ParsedCommand& cmd);

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
@@ -27,6 +29,9 @@ inline constexpr char kOperatorReason[] = "OperatorStillManagesNode";
 struct DaemonOptions {
   binding::BinderOptions bind;  // `only` is set by each pass
   plugin::ServeOptions serve;   // `observer` is set by the daemon
+  // `run --kubelet-api dra`: this DRA driver serves the bound GPUs and the device plugin is never started (one
+  // kubelet API a node). Readiness then asks the driver: registered, every GPU healthy, slices written.
+  std::optional<dra::DriverOptions> dra;
   std::string listen_host = "0.0.0.0";  // health and metrics listen here (the pod IP, with hostNetwork)
   int health_port = 8081;                // grpc.health.v1.Health; 0 = off
   int metrics_port = 9400;               // Prometheus text format on /metrics; 0 = off

@@ -5,16 +5,21 @@
 // serves one kubelet API at a time.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/dra/devices.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/kube/resource_slices.h"
+#include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 
 namespace vfio_agent::dra {
@@ -36,6 +41,10 @@ inline constexpr std::string_view kServiceHealthV1alpha1 = "v1alpha1.DRAResource
 using ClaimGetter =
     std::function<absl::StatusOr<kube::ResourceClaim>(const std::string& namespace_name, const std::string& name)>;
 
+// Makes the node's ResourceSlices hold these devices (kube::ResourceSlicePublisher::Publish). Called from one
+// thread at a time.
+using SlicePublisher = std::function<absl::StatusOr<kube::PublishResult>(std::vector<kube::SliceDevice> devices)>;
+
 struct DriverOptions {
   std::string driver_name{kDefaultDriverName};
   std::filesystem::path registry_dir = "/var/lib/kubelet/plugins_registry";
@@ -46,6 +55,22 @@ struct DriverOptions {
   pci::SelectionPolicy policy;
   // Without it every claim is answered with an error saying the API is not configured.
   ClaimGetter get_claim;
+  // The pool every device is in (the health stream's pool_name, the ResourceSlices' pool): the node's name.
+  std::string node_name;
+  // Names (resourceName and productName attributes), as the device plugin resolves them. pci_ids is not owned,
+  // may be null, and must outlive the driver.
+  const names::PciIdsDatabase* pci_ids = nullptr;
+  std::string domain = "nvidia.com";
+  std::vector<names::NameOverride> overrides;
+  // inotify on <dev_root> and <dev_root>/vfio drives every change a VM would notice (a GPU lost, unbound or
+  // back takes or brings its group node); this safety-net rescan catches the rest (config space going dead).
+  std::chrono::milliseconds rescan_interval{60000};
+  // Without it no ResourceSlice is written (`serve` without an API).
+  SlicePublisher publish_slices;
+  // The slices are listed (and rewritten when they differ) this often, every second for 5 s after each accepted
+  // registration (a kubelet's start deletes the node's slices around the time it registers us), and after every
+  // device change.
+  std::chrono::milliseconds slice_resync_interval{30000};
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).
@@ -79,6 +104,12 @@ class Driver {
   void Stop();
 
   RegistrationStatus Registration() const;
+  // The devices as last scanned (the health stream's and the slices' content).
+  std::vector<GpuDevice> Devices() const;
+  int HealthStreams() const;
+  // Slice publications that wrote something, and the last publication's error ("" when it succeeded).
+  int SliceWrites() const;
+  std::string SliceError() const;
 
  private:
   class Impl;

@@ -13,6 +13,7 @@
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin {
 
@@ -80,8 +81,7 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
 // Ids of every device of every resource (the `remembered` input of the next build).
 std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot);
 
-// The config-space probe used for health: NotFound/Unavailable when unreadable, or the vendor id
-// (0xffff for a device that fell off the bus).
-absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::string& bdf);
+// The config-space probe used for health (the rule itself lives in pci/vfio_health.h, shared with src/dra).
+using pci::ReadConfigVendor;
 
 }  // namespace vfio_agent::plugin

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dra-health/v1alpha1/api.grpc.pb.h"
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
@@ -47,9 +49,29 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
                       absl::StrCat(what, ": ", status.error_message()));
 }
 
+// One plugin's health stream, opened again after each failure until stopped.
+struct HealthWatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  grpc::ClientContext* context = nullptr;  // of the stream open now
+  bool stop = false;
+  std::thread thread;
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+      if (context != nullptr) context->TryCancel();
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+  }
+};
+
 struct Connection {
   Plugin plugin;
   std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<HealthWatch> health;
 };
 
 }  // namespace
@@ -98,8 +120,22 @@ class KubeletDraSim::Impl {
     ::close(stop_pipe_[0]);
     ::close(stop_pipe_[1]);
     ::close(inotify_fd_);
+    std::map<std::string, Connection> dropped;
+    {
+      std::lock_guard lock(mu_);
+      dropped.swap(connections_);
+      latest_health_.clear();
+    }
+    for (auto& [driver, connection] : dropped) {
+      if (connection.health) connection.health->Stop();
+    }
+  }
+
+  std::optional<::v1alpha1::NodeWatchResourcesResponse> LatestHealth(const std::string& driver) const {
     std::lock_guard lock(mu_);
-    connections_.clear();
+    auto it = latest_health_.find(driver);
+    if (it == latest_health_.end()) return std::nullopt;
+    return it->second;
   }
 
   absl::Status Restart() {
@@ -251,13 +287,55 @@ class KubeletDraSim::Impl {
     // The kubelet connects at once (conn.Connect()) to learn early whether the plugin is really there.
     auto channel = grpc::CreateChannel("unix:" + plugin.endpoint, grpc::InsecureChannelCredentials());
     plugin.connected = channel->WaitForConnected(Deadline(options_.get_info_timeout));
+    std::shared_ptr<HealthWatch> replaced;
     {
       std::lock_guard lock(mu_);
-      connections_[plugin.driver] = Connection{plugin, channel};
+      replaced = connections_[plugin.driver].health;
+      connections_[plugin.driver] = Connection{plugin, channel, nullptr};
     }
+    if (replaced) replaced->Stop();
     if (Notify(registration, plugin.driver, true, "")) {
       Record("register", plugin.driver, absl::StrCat("service=", plugin.service, " endpoint=", plugin.endpoint));
+      if (options_.watch_health) WatchHealth(plugin.driver, channel);
     }
+  }
+
+  void WatchHealth(const std::string& driver, const std::shared_ptr<grpc::Channel>& channel) {
+    auto watch = std::make_shared<HealthWatch>();
+    {
+      std::lock_guard lock(mu_);
+      auto it = connections_.find(driver);
+      if (it == connections_.end()) return;
+      it->second.health = watch;
+    }
+    watch->thread = std::thread([this, driver, channel, watch = watch.get()] {
+      ::v1alpha1::DRAResourceHealth::Stub stub(channel);
+      while (true) {
+        grpc::ClientContext context;
+        {
+          std::lock_guard lock(watch->mu);
+          if (watch->stop) return;
+          watch->context = &context;
+        }
+        Record("health-stream", driver, "");
+        std::unique_ptr<grpc::ClientReader<::v1alpha1::NodeWatchResourcesResponse>> reader =
+            stub.NodeWatchResources(&context, ::v1alpha1::NodeWatchResourcesRequest());
+        ::v1alpha1::NodeWatchResourcesResponse message;
+        while (reader->Read(&message)) {
+          std::lock_guard lock(mu_);
+          latest_health_[driver] = message;
+          events_.push_back({Clock::now(), "health-message", driver, ""});
+        }
+        const grpc::Status status = reader->Finish();
+        std::unique_lock lock(watch->mu);
+        watch->context = nullptr;
+        if (watch->stop) return;
+        lock.unlock();
+        Record("health-end", driver, absl::StrCat(status.error_code(), " ", status.error_message()));
+        lock.lock();
+        if (watch->cv.wait_for(lock, options_.health_retry, [&] { return watch->stop; })) return;
+      }
+    });
   }
 
   // The checks of the plugin watcher (handler by type) and DRAPluginManager.validateSupportedServices, with the
@@ -299,13 +377,19 @@ class KubeletDraSim::Impl {
   }
 
   void Deregister(const std::filesystem::path& path) {
-    std::lock_guard lock(mu_);
-    for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-      if (it->second.plugin.registration_socket != path) continue;
-      events_.push_back({Clock::now(), "deregister", it->first, path.string()});
-      connections_.erase(it);
-      return;
+    std::shared_ptr<HealthWatch> health;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+        if (it->second.plugin.registration_socket != path) continue;
+        events_.push_back({Clock::now(), "deregister", it->first, path.string()});
+        health = it->second.health;
+        latest_health_.erase(it->first);
+        connections_.erase(it);
+        break;
+      }
     }
+    if (health) health->Stop();
   }
 
   const Options options_;
@@ -314,6 +398,7 @@ class KubeletDraSim::Impl {
   std::thread watcher_;
   mutable std::mutex mu_;
   std::map<std::string, Connection> connections_;  // by driver name
+  std::map<std::string, ::v1alpha1::NodeWatchResourcesResponse> latest_health_;  // by driver name
   std::vector<Event> events_;
 };
 
@@ -343,6 +428,10 @@ bool KubeletDraSim::WaitFor(const std::function<bool(const KubeletDraSim&)>& pre
 absl::StatusOr<drav1::NodePrepareResourcesResponse> KubeletDraSim::Prepare(const std::string& driver,
                                                                             const std::vector<drav1::Claim>& claims) {
   return impl_->Prepare(driver, claims);
+}
+
+std::optional<::v1alpha1::NodeWatchResourcesResponse> KubeletDraSim::LatestHealth(const std::string& driver) const {
+  return impl_->LatestHealth(driver);
 }
 
 absl::StatusOr<drav1::NodeUnprepareResourcesResponse> KubeletDraSim::Unprepare(

@@ -10,11 +10,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dra-health/v1alpha1/api.pb.h"
 #include "dra/v1/api.pb.h"
 
 namespace vfio_agent::kubeletsim::dra {
@@ -29,6 +31,11 @@ struct Options {
   // The kubelet's GetInfo timeout is 1 s; a test on a loaded machine needs more (nothing here waits for it to pass).
   std::chrono::milliseconds get_info_timeout{20000};
   std::chrono::milliseconds call_timeout{45000};  // defaultClientCallTimeout
+  // ResourceHealthStatus (beta, on in v1.36): after each registration the kubelet opens
+  // DRAResourceHealth.NodeWatchResources on the plugin's connection, whatever its supported_versions say, and
+  // opens it again this long after it failed or ended.
+  bool watch_health = true;
+  std::chrono::milliseconds health_retry{5000};
 };
 
 // One registered DRA plugin endpoint, keyed by driver name.
@@ -45,7 +52,9 @@ struct Event {
   std::chrono::steady_clock::time_point at;
   // register (accepted and notified), refused (detail = the error sent in NotifyRegistrationStatus), deregister
   // (its registration socket was removed), ignored (not a socket, or a dot-file), error (GetInfo or Notify
-  // failed: detail), restart, prepare, unprepare.
+  // failed: detail), restart, prepare, unprepare, health-stream (NodeWatchResources opened), health-message (one
+  // device list received), health-end (the stream failed or ended: detail = code and message, e.g. "12
+  // unknown service v1alpha1.DRAResourceHealth" from a plugin without the service).
   std::string kind;
   std::string driver;  // empty when GetInfo did not answer
   std::string detail;
@@ -76,6 +85,9 @@ class KubeletDraSim {
                                                                const std::vector<drav1::Claim>& claims);
   absl::StatusOr<drav1::NodeUnprepareResourcesResponse> Unprepare(const std::string& driver,
                                                                    const std::vector<drav1::Claim>& claims);
+
+  // The last device list the driver's health stream sent since the plugin registered (nullopt before the first).
+  std::optional<::v1alpha1::NodeWatchResourcesResponse> LatestHealth(const std::string& driver) const;
 
  private:
   class Impl;

@@ -1,0 +1,43 @@
+// The DRA driver's device model: one device per GPU the selection manages, named from its PCI address
+// (device_names.h), with the attributes a DeviceClass selects on and the health both kubelet-facing outputs carry
+// (the DRAResourceHealth stream and a NoSchedule taint in the ResourceSlice). Built from the layers below only.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/dra/attributes.h"
+#include "vfio_gpu_agent/kube/resource_slices.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::dra {
+
+// The taint an unhealthy GPU carries ("<driver>/unhealthy", effect NoSchedule: a running VM is never evicted).
+inline constexpr std::string_view kUnhealthyTaint = "unhealthy";
+
+struct GpuDevice {
+  std::string bdf;
+  std::string unhealthy_reason;  // "" when healthy; "driver nvidia", "no /dev/vfio/73", "gone from sysfs", ...
+  kube::SliceDevice slice;       // name, attributes, and the taint while unhealthy
+  bool healthy() const { return unhealthy_reason.empty(); }
+  bool operator==(const GpuDevice&) const = default;
+};
+
+// One device per selected GPU (role kGpu) in `inventory`, by name. resourceName is the name part `names` gives the
+// model (pinned, overridden or from pci.ids, as the device plugin registers it); productName is pci.ids' own text
+// (`pci_ids` may be null: then there is none). A device of `previous` that is gone from sysfs
+// stays, unhealthy ("gone from sysfs"), with its last attributes, until it is back: a pod holding it then sees
+// Unhealthy, not Unknown, and the scheduler does not pick it.
+std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
+                                    const pci::Selection& selection, const names::NameResolver& names,
+                                    const names::PciIdsDatabase* pci_ids, std::string_view driver,
+                                    const std::vector<GpuDevice>& previous);
+
+// "pci0000:00" for a device whose sysfs path is .../devices/pci0000:00/.../<bdf>; "" when it cannot be resolved.
+std::string PcieRoot(const HostPaths& paths, const std::string& bdf);
+
+}  // namespace vfio_agent::dra
