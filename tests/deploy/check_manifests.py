@@ -52,7 +52,6 @@ RBAC_NEEDED_DRA = {
     ("resource.k8s.io", "deviceclasses", "list"),
 }
 # The `run` options a DRA manifest sets (the driver's directories are checked to be on mounts).
-DRA_OPTIONS = ("--kubelet-api", "--dra-driver-name", "--kubelet-registry-dir", "--kubelet-plugins-dir", "--cdi-dir")
 # (apiGroup, resource, verb, resourceName): `validate`'s api layer reads the admission policy and its binding by
 # name, and nothing else of admissionregistration.k8s.io.
 POLICY_NAME = "vfio-gpu-agent-own-node"
@@ -243,14 +242,9 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     # args and env name only what `run --help` lists
     args = ctr.get("args", [])
     c.check(args[:1] == ["run"], f"{where} args {args[:1]}, want the run command first")
-    # TODO(lead, at the merge with dra-driver): drop `pending`; `run --kubelet-api` comes from that branch.
-    pending = set(DRA_OPTIONS) - options if "--kubelet-api" not in options else set()
-    if spec.get("dra") and pending:
-        print(f"SKIP {where} `run --help` lists none of {sorted(pending)} yet: their args are not checked against it")
     for arg in args[1:]:
         option = arg.split("=", 1)[0]
-        c.check(option in options or (spec.get("dra") and option in pending),
-                f"{where} arg {arg}: `run --help` lists no {option}")
+        c.check(option in options, f"{where} arg {arg}: `run --help` lists no {option}")
     env_names = [e["name"] for e in ctr.get("env", [])]
     c.check(len(env_names) == len(set(env_names)), f"{where} env names repeated: {env_names}")
     for env in env_names:
