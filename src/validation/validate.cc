@@ -63,22 +63,7 @@ struct VgpuNode {
 
 // Fills `out` in place: its view points into it.
 void ReadVgpuNode(const ValidateOptions& options, const pci::Inventory& inventory, VgpuNode& out) {
-  vgpu::CatalogStore remembered(options.vgpu_catalog_file);
-  if (!options.vgpu_catalog_file.empty()) {
-    if (absl::Status status = remembered.Load(); !status.ok()) {
-      out.discovery.errors.push_back({.device = "", .path = options.vgpu_catalog_file, .status = status});
-    }
-  }
-  vgpu::CatalogStore catalog = remembered.InMemory();
-  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options.paths.sysfs_root, inventory, catalog);
-  if (discovery.ok()) {
-    std::vector<vgpu::DeviceError> catalog_errors = std::move(out.discovery.errors);
-    out.discovery = *std::move(discovery);
-    out.discovery.errors.insert(out.discovery.errors.end(), catalog_errors.begin(), catalog_errors.end());
-  } else {
-    out.discovery.errors.push_back(
-        {.device = "", .path = options.paths.sysfs_root / "bus/mdev/devices", .status = discovery.status()});
-  }
+  out.discovery = DiscoverVgpusReadOnly(options.paths.sysfs_root, inventory, options.vgpu_catalog_file);
   out.snapshot = plugin::BuildVgpuSnapshot(options.paths, inventory, out.discovery, options.resource_domain, {}).snapshot;
   out.view.discovery = &out.discovery;
   out.view.domain = options.resource_domain;
@@ -98,6 +83,27 @@ std::vector<Check> DevicesOnVgpuNode() {
 }
 
 }  // namespace
+
+vgpu::Discovery DiscoverVgpusReadOnly(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
+                                      const std::filesystem::path& catalog_file) {
+  std::vector<vgpu::DeviceError> errors;
+  vgpu::CatalogStore remembered(catalog_file);
+  if (!catalog_file.empty()) {
+    if (absl::Status status = remembered.Load(); !status.ok()) {
+      errors.push_back({.device = "", .path = catalog_file, .status = status});
+    }
+  }
+  vgpu::CatalogStore catalog = remembered.InMemory();
+  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(sysfs_root, inventory, catalog);
+  vgpu::Discovery out;
+  if (discovery.ok()) {
+    out = *std::move(discovery);
+  } else {
+    errors.push_back({.device = "", .path = sysfs_root / "bus/mdev/devices", .status = discovery.status()});
+  }
+  out.errors.insert(out.errors.end(), errors.begin(), errors.end());
+  return out;
+}
 
 absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
   std::set<Layer> layers;

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_replace.h"
 
 #include "validation/cluster_node.h"
+#include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/validation/validate.h"
 
@@ -91,6 +95,22 @@ class VgpuValidateTest : public ::testing::Test {
     return "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: kubevirt\nspec:\n"
            "  configuration:\n    developerConfiguration:\n      featureGates: [GPU, HostDevices]\n"
            "    permittedHostDevices:\n" + permitted;
+  }
+
+  // `kubevirt-config --workload vm-vgpu` on this node: exit code and stdout.
+  std::pair<int, std::string> KubevirtConfig(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--workload", "vm-vgpu", "--sysfs-root", node_->paths.sysfs_root.string(),
+                                     "--state-dir", (dir_.path() / "state").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out;
+    const int code = cli::RunKubevirtConfig(args, out);
+    return {code, out.str()};
+  }
+  // The patch's permittedHostDevices in a KubeVirt CR with the gates on, as `kubectl patch` leaves it.
+  static std::string Patched(const std::string& patch) {
+    return "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: kubevirt\n" +
+           absl::StrReplaceAll(patch, {{"  configuration:\n", "  configuration:\n    developerConfiguration:\n"
+                                                          "      featureGates: [GPU, HostDevices]\n"}});
   }
 
   vfio_agent::testing::TempDir dir_{"va-vgpu-validate"};
@@ -257,6 +277,73 @@ TEST_F(VgpuValidateTest, APassthroughNodeSkipsTheVgpuLayer) {
   const std::vector<Check> checks = Run(options);
   ASSERT_EQ(checks.size(), 1u);
   EXPECT_EQ(checks[0].result, Result::kSkip);
+}
+
+constexpr char kPatchComment[] =
+    "# Merge patch for a plain KubeVirt CR:\n"
+    "#   kubectl patch kubevirt kubevirt -n kubevirt --type merge --patch-file <this file>\n"
+    "# A merge patch replaces the whole mediatedDevices and pciHostDevices lists (each one only when listed below): "
+    "add the entries the CR already has for other nodes' GPUs.\n"
+    "# The HostDevices feature gate must be on as well (spec.configuration.developerConfiguration.featureGates); it "
+    "is not patched here because that would replace the other gates.\n\n";
+
+TEST_F(VgpuValidateTest, KubevirtConfigPrintsSriovProfilesAsExternalPciHostDevicesThatValidatePasses) {
+  Start("vgpu-sriov-l40s-h200.json");
+  const std::vector<std::string> l40s = EnableVfs(kL40s, 32);
+  const std::vector<std::string> h200a = EnableVfs(kH200a, 32);
+  const std::vector<std::string> h200b = EnableVfs(kH200b, 32);
+  ASSERT_EQ(l40s.size(), 32u);
+  ASSERT_EQ(h200a.size(), 32u);
+  ASSERT_EQ(h200b.size(), 32u);
+  ASSERT_TRUE(SetVgpuType(l40s[0], "1155"));   // NVIDIA L40S-4Q
+  ASSERT_TRUE(SetVgpuType(h200a[0], "1414"));  // NVIDIA H200X-1-18C
+  ASSERT_TRUE(SetVgpuType(h200b[0], "1416"));  // NVIDIA H200X-2-35C: another profile of the same model
+  auto [code, patch] = KubevirtConfig();
+  ASSERT_EQ(code, cli::kExitOk) << patch;
+  EXPECT_EQ(patch, std::string(kPatchComment) +
+                       "spec:\n"
+                       "  configuration:\n"
+                       "    permittedHostDevices:\n"
+                       "      pciHostDevices:\n"
+                       "        - pciVendorSelector: \"10DE:2335\"\n"
+                       "          resourceName: nvidia.com/NVIDIA_H200X-1-18C\n"
+                       "          externalResourceProvider: true\n"
+                       "        - pciVendorSelector: \"10DE:2335\"\n"
+                       "          resourceName: nvidia.com/NVIDIA_H200X-2-35C\n"
+                       "          externalResourceProvider: true\n"
+                       "        - pciVendorSelector: \"10DE:26B9\"\n"
+                       "          resourceName: nvidia.com/NVIDIA_L40S-4Q\n"
+                       "          externalResourceProvider: true\n");
+
+  ValidateOptions options = Options({Layer::kKubevirt});
+  options.kubevirt_cr = Patched(patch);
+  const std::vector<Check> checks = Run(options);
+  for (const char* name : {kL40s4Q, "nvidia.com/NVIDIA_H200X-1-18C", "nvidia.com/NVIDIA_H200X-2-35C"}) {
+    const Check* permitted = FindCheck(checks, "kubevirt.permitted", name);
+    ASSERT_NE(permitted, nullptr) << name;
+    EXPECT_EQ(permitted->result, Result::kPass) << name << ": " << permitted->message;
+  }
+  EXPECT_EQ(KubevirtConfig({"--format", "cozystack"}).first, cli::kExitUsage);
+}
+
+TEST_F(VgpuValidateTest, KubevirtConfigPrintsMdevTypesAsMediatedDevices) {
+  Start("vgpu-mdev-t4-a10.json");
+  EXPECT_EQ(KubevirtConfig().first, cli::kExitNotReady);  // no vGPU yet
+  ASSERT_TRUE(CreateMdev(kT4, "nvidia-230", kUuid1));
+  auto [code, patch] = KubevirtConfig();
+  ASSERT_EQ(code, cli::kExitOk) << patch;
+  EXPECT_EQ(patch, std::string(kPatchComment) +
+                       "spec:\n"
+                       "  configuration:\n"
+                       "    permittedHostDevices:\n"
+                       "      mediatedDevices:\n"
+                       "        - mdevNameSelector: \"GRID T4-1Q\"\n"
+                       "          resourceName: nvidia.com/GRID_T4-1Q\n"
+                       "          externalResourceProvider: true\n");
+  ValidateOptions options = Options({Layer::kKubevirt});
+  options.kubevirt_cr = Patched(patch);
+  const std::vector<Check> checks = Run(options);
+  EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kT41Q)->result, Result::kPass);
 }
 
 }  // namespace

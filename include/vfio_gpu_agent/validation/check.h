@@ -74,6 +74,12 @@ struct VgpuView {
   std::string domain = "nvidia.com";  // of the vGPU resource names
 };
 
+// vgpu::Discover with the catalogs the agent remembered in `catalog_file` (<state-dir>/vgpu-catalog.txt), which
+// is read and never written (empty: none). A catalog that cannot be read, or a mdev bus that cannot be listed, is
+// an error of the result (Discovery::errors), so a reader still reports what it could see.
+vgpu::Discovery DiscoverVgpusReadOnly(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
+                                      const std::filesystem::path& catalog_file);
+
 // The GPUs a vgpu-device-manager config's `devices` indices count (vgpu/config.h): NVIDIA display and 3D
 // controllers that are physical functions, in PCI address order.
 std::vector<vgpu::ConfigGpu> ConfigGpus(const pci::Inventory& inventory);
