@@ -4,8 +4,10 @@
 # -> one VM pod admitted with its Allocate response -> validate (every layer). Sets the machine up first
 # (root, Debian 12), takes seconds once built, and leaves nothing behind.
 # Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
+#        scripts/demo.sh --vgpu          (vGPU nodes, mdev and SR-IOV: scripts/demo-vgpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ "${1:-}" = "--vgpu" ] && exec scripts/demo-vgpu.sh
 repo=$PWD
 node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
 

@@ -60,7 +60,7 @@ struct NodeView {
   const pci::Inventory* inventory = nullptr;
   const pci::Selection* selection = nullptr;
   const plugin::DeviceSnapshot* expected = nullptr;
-  Workload workload = Workload::kVmPassthrough;
+  Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `expected` holds vGPUs, and the messages say so
   const VgpuView* vgpu = nullptr;  // vm-vgpu only
 };
 
