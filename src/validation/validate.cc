@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "check_builder.h"
 #include "spdlog/spdlog.h"
@@ -211,6 +212,7 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
   report.set_workload(WorkloadName(options.workload));
   if (vgpu_node) {
+    report.set_summary(absl::StrReplaceAll(report.summary(), {{"passthrough chain OK", "vGPU chain OK"}}));
     report.set_vgpu_manager_ready(options.layers.contains(Layer::kPlatform) && options.layers.contains(Layer::kVgpu) &&
                                   VgpuManagerReady(checks));
     report.set_vgpu_devices_ready(report.vgpu_manager_ready() && VgpuDevicesReady(checks));

@@ -344,6 +344,7 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsMdevTypesAsMediatedDevices) {
   options.kubevirt_cr = Patched(patch);
   const std::vector<Check> checks = Run(options);
   EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kT41Q)->result, Result::kPass);
+  EXPECT_THAT(report_.summary(), HasSubstr("vGPU chain OK"));
 }
 
 }  // namespace
