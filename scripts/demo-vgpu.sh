@@ -11,13 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-scripts/install-deps.sh
-modprobe fuse 2>/dev/null || true
-[ -n "${BUILD_DIR:-}" ] || scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
-bin=${BUILD_DIR:-$repo/build/release}
-agent=$bin/src/cli/vfio-gpu-agent
-sim=$bin/tests/sim/sysfs_sim/sysfs-sim
-kubelet=$bin/tests/sim/kubelet_sim/kubelet-sim
+source scripts/demo-common.sh
 
 work=$(mktemp -d /tmp/vfio-gpu-agent-vgpu-demo.XXXXXX)
 pids=()
@@ -31,7 +25,6 @@ stop_all() {
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # One write to a kernel attribute, as sriov-manage or vgpu-device-manager make them.
 write() { printf '%s' "$2" > "$1"; }
 vf() { basename "$(readlink "$1/virtfn$2")"; }
@@ -115,13 +108,7 @@ run_node() {
   stdbuf -oL "$kubelet" --dir "$dir/kubelet" --pod-resources-socket "$dir/pod-resources.sock" "${wait_args[@]}" \
     --timeout-ms 10000 --admit "vm-vgpu-1:$admit=1" --describe --serve-forever > "$dir/kubelet.out" 2>&1 &
   pids+=($!)
-  for _ in $(seq 1000); do
-    grep -q '^Allocatable:' "$dir/kubelet.out" 2>/dev/null && break
-    kill -0 "${pids[-1]}" 2>/dev/null || break
-    sleep 0.01
-  done
-  cat "$dir/kubelet.out"
-  grep -q '^Allocatable:' "$dir/kubelet.out"
+  show_kubelet_report "$dir/kubelet.out" "${pids[-1]}"
 
   step "$name: vfio-gpu-agent kubevirt-config --workload vm-vgpu"
   "$agent" kubevirt-config "${roots[@]}" --workload vm-vgpu --state-dir "$dir/state" --log-level warn | tee "$dir/patch.yaml"

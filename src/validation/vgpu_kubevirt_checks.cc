@@ -41,9 +41,9 @@ constexpr Layer kLayer = Layer::kKubevirt;
 constexpr char kMdevPath[] = "spec.configuration.permittedHostDevices.mediatedDevices";
 constexpr char kPciPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
 constexpr char kAddEntryFix[] =
-    "Add the entry `vfio-gpu-agent kubevirt-config --workload vm-vgpu` prints (Cozystack: to the platform values "
-    "gpu.permittedHostDevices; plain KubeVirt: --format kubevirt-patch, applied with `kubectl patch kubevirt -n "
-    "kubevirt kubevirt --type merge --patch-file`).";
+    "Apply the merge patch `vfio-gpu-agent kubevirt-config --workload vm-vgpu` prints (`kubectl patch kubevirt -n "
+    "kubevirt kubevirt --type merge --patch-file <file>`), with the entries the CR has for other nodes added to its "
+    "lists.";
 
 // virt-handler's removeSelectorSpaces / getMdevTypeName: every space to '_', then trimmed.
 std::string MdevSelectorKey(std::string_view text) {

@@ -113,6 +113,13 @@ class VgpuValidateTest : public ::testing::Test {
                                                           "      featureGates: [GPU, HostDevices]\n"}});
   }
 
+  // The KubeVirt layer against a CR with `patch` applied.
+  std::vector<Check> ValidateKubevirt(const std::string& patch) {
+    ValidateOptions options = Options({Layer::kKubevirt});
+    options.kubevirt_cr = Patched(patch);
+    return Run(options);
+  }
+
   vfio_agent::testing::TempDir dir_{"va-vgpu-validate"};
   std::unique_ptr<ClusterNode> node_;
   report::v1::ValidateReport report_;
@@ -315,9 +322,7 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsSriovProfilesAsExternalPciHostDevic
                        "          resourceName: nvidia.com/NVIDIA_L40S-4Q\n"
                        "          externalResourceProvider: true\n");
 
-  ValidateOptions options = Options({Layer::kKubevirt});
-  options.kubevirt_cr = Patched(patch);
-  const std::vector<Check> checks = Run(options);
+  const std::vector<Check> checks = ValidateKubevirt(patch);
   for (const char* name : {kL40s4Q, "nvidia.com/NVIDIA_H200X-1-18C", "nvidia.com/NVIDIA_H200X-2-35C"}) {
     const Check* permitted = FindCheck(checks, "kubevirt.permitted", name);
     ASSERT_NE(permitted, nullptr) << name;
@@ -340,9 +345,7 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsMdevTypesAsMediatedDevices) {
                        "        - mdevNameSelector: \"GRID T4-1Q\"\n"
                        "          resourceName: nvidia.com/GRID_T4-1Q\n"
                        "          externalResourceProvider: true\n");
-  ValidateOptions options = Options({Layer::kKubevirt});
-  options.kubevirt_cr = Patched(patch);
-  const std::vector<Check> checks = Run(options);
+  const std::vector<Check> checks = ValidateKubevirt(patch);
   EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kT41Q)->result, Result::kPass);
   EXPECT_THAT(report_.summary(), HasSubstr("vGPU chain OK"));
 }
