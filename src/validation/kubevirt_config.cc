@@ -141,6 +141,7 @@ std::vector<VgpuPermittedEntry> VgpuPermittedEntries(const vgpu::Discovery& disc
     by_name[*name] = {.resource_name = *name, .vendor_id = fn->vendor_id, .device_id = fn->device_id};
   }
   std::vector<VgpuPermittedEntry> out;
+  out.reserve(by_name.size());
   for (auto& [name, entry] : by_name) out.push_back(std::move(entry));
   return out;
 }
@@ -165,11 +166,13 @@ std::string VgpuKubevirtMergePatchYaml(const std::vector<VgpuPermittedEntry>& en
     out << YAML::Key << "pciHostDevices" << YAML::Value;
     if (pci.empty()) out << YAML::Flow;
     std::vector<PermittedEntry> as_pci;
+    as_pci.reserve(pci.size());
     for (const VgpuPermittedEntry* entry : pci) {
       as_pci.push_back({.vendor_id = entry->vendor_id, .device_id = entry->device_id,
                         .resource_name = entry->resource_name});
     }
     std::vector<const PermittedEntry*> pointers;
+    pointers.reserve(as_pci.size());
     for (const PermittedEntry& entry : as_pci) pointers.push_back(&entry);
     EmitEntries(out, pointers);
   }

@@ -143,6 +143,14 @@ std::vector<Check> VfsEnabled(const NodeView& node, const vgpu::Discovery& disco
   return out;
 }
 
+// "2x T4-1Q, 1x T4-2Q", or "(no vGPU)".
+std::string TypeCounts(const std::map<std::string, int>& counts) {
+  std::vector<std::string> parts;
+  parts.reserve(counts.size());
+  for (const auto& [type, count] : counts) parts.push_back(absl::StrCat(count, "x ", type));
+  return parts.empty() ? "(no vGPU)" : absl::StrJoin(parts, ", ");
+}
+
 std::vector<Check> Devices(const NodeView& node, const vgpu::Discovery& discovery) {
   std::vector<Check> out;
   for (const vgpu::DeviceError& error : discovery.errors) {
@@ -165,9 +173,6 @@ std::vector<Check> Devices(const NodeView& node, const vgpu::Discovery& discover
   std::map<std::string, int> by_type;
   for (const vgpu::Mdev& mdev : discovery.mdevs) ++by_type[mdev.type_name];
   for (const vgpu::SriovVgpu& vf : discovery.vgpus) ++by_type[vf.type_name];
-  std::vector<std::string> counts;
-  for (const auto& [type, count] : by_type) counts.push_back(absl::StrCat(count, "x ", type));
-  const std::string listed = counts.empty() ? "(none)" : absl::StrJoin(counts, ", ");
   CheckBuilder check("vgpu.devices", kLayer, "node");
   check.Saw((node.paths.sysfs_root / "bus/mdev/devices").string(), absl::StrCat(discovery.mdevs.size(), " mdev(s)"))
       .Saw((node.paths.PciDevices() / "<VF>/nvidia/current_vgpu_type").string(),
@@ -178,7 +183,7 @@ std::vector<Check> Devices(const NodeView& node, const vgpu::Discovery& discover
                                                       "<type>/create; SR-IOV: write an id of the VF's "
                                                       "nvidia/creatable_vgpu_types to its nvidia/current_vgpu_type.")));
   } else {
-    out.push_back(check.Pass(absl::StrCat("vGPUs: ", listed)));
+    out.push_back(check.Pass(absl::StrCat("vGPUs: ", TypeCounts(by_type))));
   }
   return out;
 }
@@ -200,12 +205,6 @@ std::vector<vgpu::ExistingVgpu> ExistingOn(const NodeView& node, const vgpu::Dis
     if (vf.pf_bdf == gpu) out.push_back({.id = vf.bdf, .type = vgpu::ShortTypeName(vf.type_name)});
   }
   return out;
-}
-
-std::string TypeCounts(const std::map<std::string, int>& counts) {
-  std::vector<std::string> parts;
-  for (const auto& [type, count] : counts) parts.push_back(absl::StrCat(count, "x ", type));
-  return parts.empty() ? "(no vGPU)" : absl::StrJoin(parts, ", ");
 }
 
 std::vector<Check> Profiles(const NodeView& node, const VgpuView& view) {
