@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
 #include "validation/cluster_node.h"
@@ -294,6 +295,11 @@ constexpr char kPatchComment[] =
     "# The HostDevices feature gate must be on as well (spec.configuration.developerConfiguration.featureGates); it "
     "is not patched here because that would replace the other gates.\n\n";
 
+// The whole output of kubevirt-config for these lists of permittedHostDevices.
+std::string ExpectedPatch(const std::string& lists) {
+  return absl::StrCat(kPatchComment, "spec:\n  configuration:\n    permittedHostDevices:\n", lists);
+}
+
 TEST_F(VgpuValidateTest, KubevirtConfigPrintsSriovProfilesAsExternalPciHostDevicesThatValidatePasses) {
   Start("vgpu-sriov-l40s-h200.json");
   const std::vector<std::string> l40s = EnableVfs(kL40s, 32);
@@ -307,20 +313,16 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsSriovProfilesAsExternalPciHostDevic
   ASSERT_TRUE(SetVgpuType(h200b[0], "1416"));  // NVIDIA H200X-2-35C: another profile of the same model
   auto [code, patch] = KubevirtConfig();
   ASSERT_EQ(code, cli::kExitOk) << patch;
-  EXPECT_EQ(patch, std::string(kPatchComment) +
-                       "spec:\n"
-                       "  configuration:\n"
-                       "    permittedHostDevices:\n"
-                       "      pciHostDevices:\n"
-                       "        - pciVendorSelector: \"10DE:2335\"\n"
-                       "          resourceName: nvidia.com/NVIDIA_H200X-1-18C\n"
-                       "          externalResourceProvider: true\n"
-                       "        - pciVendorSelector: \"10DE:2335\"\n"
-                       "          resourceName: nvidia.com/NVIDIA_H200X-2-35C\n"
-                       "          externalResourceProvider: true\n"
-                       "        - pciVendorSelector: \"10DE:26B9\"\n"
-                       "          resourceName: nvidia.com/NVIDIA_L40S-4Q\n"
-                       "          externalResourceProvider: true\n");
+  EXPECT_EQ(patch, ExpectedPatch("      pciHostDevices:\n"
+                                 "        - pciVendorSelector: \"10DE:2335\"\n"
+                                 "          resourceName: nvidia.com/NVIDIA_H200X-1-18C\n"
+                                 "          externalResourceProvider: true\n"
+                                 "        - pciVendorSelector: \"10DE:2335\"\n"
+                                 "          resourceName: nvidia.com/NVIDIA_H200X-2-35C\n"
+                                 "          externalResourceProvider: true\n"
+                                 "        - pciVendorSelector: \"10DE:26B9\"\n"
+                                 "          resourceName: nvidia.com/NVIDIA_L40S-4Q\n"
+                                 "          externalResourceProvider: true\n"));
 
   const std::vector<Check> checks = ValidateKubevirt(patch);
   for (const char* name : {kL40s4Q, "nvidia.com/NVIDIA_H200X-1-18C", "nvidia.com/NVIDIA_H200X-2-35C"}) {
@@ -337,14 +339,10 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsMdevTypesAsMediatedDevices) {
   ASSERT_TRUE(CreateMdev(kT4, "nvidia-230", kUuid1));
   auto [code, patch] = KubevirtConfig();
   ASSERT_EQ(code, cli::kExitOk) << patch;
-  EXPECT_EQ(patch, std::string(kPatchComment) +
-                       "spec:\n"
-                       "  configuration:\n"
-                       "    permittedHostDevices:\n"
-                       "      mediatedDevices:\n"
-                       "        - mdevNameSelector: \"GRID T4-1Q\"\n"
-                       "          resourceName: nvidia.com/GRID_T4-1Q\n"
-                       "          externalResourceProvider: true\n");
+  EXPECT_EQ(patch, ExpectedPatch("      mediatedDevices:\n"
+                                 "        - mdevNameSelector: \"GRID T4-1Q\"\n"
+                                 "          resourceName: nvidia.com/GRID_T4-1Q\n"
+                                 "          externalResourceProvider: true\n"));
   const std::vector<Check> checks = ValidateKubevirt(patch);
   EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kT41Q)->result, Result::kPass);
   EXPECT_THAT(report_.summary(), HasSubstr("vGPU chain OK"));
