@@ -13,8 +13,6 @@ namespace vfio_agent::validation {
 namespace {
 
 using cluster::MakeCheck;
-using internal::CheckFeatureGates;
-using internal::CrName;
 
 constexpr char kPciPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
 constexpr char kGatesPath[] = "spec.configuration.developerConfiguration.featureGates";
@@ -22,6 +20,21 @@ constexpr char kAddEntryFix[] =
     "Cozystack: add the output of `vfio-gpu-agent kubevirt-config` to the platform values "
     "(gpu.permittedHostDevices.pciHostDevices); plain KubeVirt: apply `vfio-gpu-agent kubevirt-config --format "
     "kubevirt-patch`.";
+
+}  // namespace
+
+// Shared with the vGPU checks (kubevirt_shared.h).
+namespace internal {
+
+std::string CrName(const KubevirtCr& cr) {
+  return cr.namespace_.empty() ? absl::StrCat("kubevirt ", cr.name) : absl::StrCat("kubevirt ", cr.namespace_, "/", cr.name);
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::CrName;
 
 std::string EntryText(const PciHostDeviceEntry& entry) {
   return absl::StrFormat("pciVendorSelector=%s resourceName=%s externalResourceProvider=%s",
@@ -111,6 +124,48 @@ void CheckPermitted(const KubevirtCr& cr, const NodeNames& node_names, std::vect
     }
   }
 }
+
+}  // namespace
+
+namespace internal {
+
+void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
+  const std::string source = absl::StrCat(CrName(cr), " ", kGatesPath);
+  const std::string value = cr.feature_gates.empty() ? "(none)" : absl::StrJoin(cr.feature_gates, ",");
+  auto has = [&](std::string_view gate) {
+    return std::find(cr.feature_gates.begin(), cr.feature_gates.end(), gate) != cr.feature_gates.end();
+  };
+  constexpr char kGateFix[] =
+      "Add %s to %s (Cozystack: %s; plain KubeVirt: `kubectl edit kubevirt -n kubevirt kubevirt`).";
+  constexpr char kCozystackHostDevices[] = "it adds HostDevices when the cozystack.gpu-operator package is enabled";
+  constexpr char kCozystackGpu[] = "its kubevirt chart sets GPU itself; a CR without it was not rendered by that chart";
+  if (has("HostDevices")) {
+    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kPass,
+                             "the HostDevices feature gate is on", {{source, value}}));
+  } else {
+    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kFail,
+                             "the HostDevices feature gate is off: KubeVirt ignores permittedHostDevices",
+                             {{source, value}}, absl::StrFormat(kGateFix, "HostDevices", kGatesPath, kCozystackHostDevices)));
+  }
+  // Only KubeVirt releases that still gate `spec.domain.devices.gpus` (what Cozystack's VMInstance renders)
+  // need GPU, so its absence is a warning, not a failure.
+  if (has("GPU")) {
+    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "GPU", Result::kPass,
+                             "the GPU feature gate is on", {{source, value}}));
+  } else {
+    out->push_back(MakeCheck(
+        "kubevirt.feature_gate", Layer::kKubevirt, "GPU", Result::kWarn,
+        "the GPU feature gate is off: KubeVirt releases that gate devices.gpus reject such VMs (\"GPU feature "
+        "gate is not enabled\")",
+        {{source, value}}, absl::StrFormat(kGateFix, "GPU", kGatesPath, kCozystackGpu)));
+  }
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::CheckFeatureGates;
 
 void CheckDuplicateSelectors(const KubevirtCr& cr, std::vector<Check>* out) {
   std::map<std::string, std::vector<const PciHostDeviceEntry*>> by_selector;  // upper-cased selector
@@ -251,45 +306,5 @@ std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why) {
                                            ")"),
                "");
 }
-
-namespace internal {
-
-std::string CrName(const KubevirtCr& cr) {
-  return cr.namespace_.empty() ? absl::StrCat("kubevirt ", cr.name) : absl::StrCat("kubevirt ", cr.namespace_, "/", cr.name);
-}
-
-void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
-  const std::string source = absl::StrCat(CrName(cr), " ", kGatesPath);
-  const std::string value = cr.feature_gates.empty() ? "(none)" : absl::StrJoin(cr.feature_gates, ",");
-  auto has = [&](std::string_view gate) {
-    return std::find(cr.feature_gates.begin(), cr.feature_gates.end(), gate) != cr.feature_gates.end();
-  };
-  constexpr char kGateFix[] =
-      "Add %s to %s (Cozystack: %s; plain KubeVirt: `kubectl edit kubevirt -n kubevirt kubevirt`).";
-  constexpr char kCozystackHostDevices[] = "it adds HostDevices when the cozystack.gpu-operator package is enabled";
-  constexpr char kCozystackGpu[] = "its kubevirt chart sets GPU itself; a CR without it was not rendered by that chart";
-  if (has("HostDevices")) {
-    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kPass,
-                             "the HostDevices feature gate is on", {{source, value}}));
-  } else {
-    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "HostDevices", Result::kFail,
-                             "the HostDevices feature gate is off: KubeVirt ignores permittedHostDevices",
-                             {{source, value}}, absl::StrFormat(kGateFix, "HostDevices", kGatesPath, kCozystackHostDevices)));
-  }
-  // Only KubeVirt releases that still gate `spec.domain.devices.gpus` (what Cozystack's VMInstance renders)
-  // need GPU, so its absence is a warning, not a failure.
-  if (has("GPU")) {
-    out->push_back(MakeCheck("kubevirt.feature_gate", Layer::kKubevirt, "GPU", Result::kPass,
-                             "the GPU feature gate is on", {{source, value}}));
-  } else {
-    out->push_back(MakeCheck(
-        "kubevirt.feature_gate", Layer::kKubevirt, "GPU", Result::kWarn,
-        "the GPU feature gate is off: KubeVirt releases that gate devices.gpus reject such VMs (\"GPU feature "
-        "gate is not enabled\")",
-        {{source, value}}, absl::StrFormat(kGateFix, "GPU", kGatesPath, kCozystackGpu)));
-  }
-}
-
-}  // namespace internal
 
 }  // namespace vfio_agent::validation
