@@ -4,18 +4,14 @@
 # -> one VM pod admitted with its Allocate response -> validate (every layer). Sets the machine up first
 # (root, Debian 12), takes seconds once built, and leaves nothing behind.
 # Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
+#        scripts/demo.sh --vgpu          (vGPU nodes, mdev and SR-IOV: scripts/demo-vgpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ "${1:-}" = "--vgpu" ] && exec scripts/demo-vgpu.sh
 repo=$PWD
 node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
 
-scripts/install-deps.sh
-modprobe fuse 2>/dev/null || true
-[ -n "${BUILD_DIR:-}" ] || scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
-bin=${BUILD_DIR:-$repo/build/release}
-agent=$bin/src/cli/vfio-gpu-agent
-sim=$bin/tests/sim/sysfs_sim/sysfs-sim
-kubelet=$bin/tests/sim/kubelet_sim/kubelet-sim
+source scripts/demo-common.sh
 
 work=$(mktemp -d /tmp/vfio-gpu-agent-demo.XXXXXX)
 sim_pid=""; serve_pid=""; kubelet_pid=""
@@ -27,8 +23,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "simulated node: $(basename "$node") mounted at $work/node/sys (FUSE) with devices in $work/node/dev"
 mkfifo "$work/ready"
@@ -58,14 +52,7 @@ count=$("$agent" inspect "${roots[@]}" --json | grep -c "\"resourceName\": \"$re
 stdbuf -oL "$kubelet" --dir "$work/kubelet" --pod-resources-socket "$work/pod-resources.sock" --wait "$resource=$count" \
   --timeout-ms 10000 --admit "vm-gpu-1:$resource=1" --describe --serve-forever > "$work/kubelet.out" 2>&1 &
 kubelet_pid=$!
-# Its report is complete once the node description (the last thing it prints) is there.
-for _ in $(seq 1000); do
-  grep -q '^Allocatable:' "$work/kubelet.out" 2>/dev/null && break
-  kill -0 "$kubelet_pid" 2>/dev/null || break
-  sleep 0.01
-done
-cat "$work/kubelet.out"
-grep -q '^Allocatable:' "$work/kubelet.out"
+show_kubelet_report "$work/kubelet.out" "$kubelet_pid"
 
 step "vfio-gpu-agent validate (every layer; a KubeVirt CR permitting $resource; status files in $work/validations)"
 cat > "$work/kubevirt.yaml" <<EOF

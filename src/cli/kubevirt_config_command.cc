@@ -9,6 +9,7 @@
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/validation/dra_config.h"
+#include "vfio_gpu_agent/validation/check.h"
 #include "vfio_gpu_agent/validation/kubevirt_config.h"
 
 namespace vfio_agent::cli {
@@ -19,9 +20,12 @@ std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
       {"ids", "VID:DID,...", "these device ids instead of the host's selected GPUs (the host is not read)", "", true},
       {"format", "F", "cozystack (platform values, only entries missing from the default table), kubevirt-patch "
                       "(merge patch for a plain KubeVirt CR, every entry) or dra (DeviceClasses, ResourceClaimTemplates "
-                      "and VM snippets for a DRA node)", "cozystack"},
+                      "and VM snippets for a DRA node); --workload vm-vgpu: kubevirt-patch only",
+       "cozystack; kubevirt-patch with --workload vm-vgpu"},
       {"dra-driver-name", "NAME", "with --format dra: the DRA driver name the node's agent runs with",
        std::string(dra::kDefaultDriverName)},
+      {"state-dir", "DIR", "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of full "
+                           "SR-IOV cards (read, never written)", "/var/lib/vfio-gpu-agent"},
   };
 }
 
@@ -72,6 +76,38 @@ absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const Com
   return ids;
 }
 
+// vm-vgpu: the entries for the vGPU types this node has now (mediatedDevices for mdev types, pciHostDevices for
+// SR-IOV profiles), read-only.
+int PrintVgpuEntries(const ParsedCommand& cmd, std::ostream& out) {
+  if (cmd.flags.Has("ids")) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --ids names PCI ids, not vGPU types; --workload vm-vgpu reads the "
+                 "host's vGPUs\n";
+    return kExitUsage;
+  }
+  if (cmd.flags.Get("format", "kubevirt-patch") != "kubevirt-patch") {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --workload vm-vgpu prints a KubeVirt merge patch only (--format "
+                 "kubevirt-patch): its mediatedDevices entries have no place in Cozystack's gpu.permittedHostDevices "
+                 "values that the agent could check\n";
+    return kExitUsage;
+  }
+  auto inventory = pci::Scan(cmd.common.paths.sysfs_root, {.detail_vendor = pci::kVendorNvidia, .driver_override = false});
+  if (!inventory.ok()) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: " << inventory.status().message() << "\n";
+    return kExitError;
+  }
+  const vgpu::Discovery discovery = validation::DiscoverVgpusReadOnly(
+      cmd.common.paths.sysfs_root, *inventory,
+      std::filesystem::path(cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt");
+  const auto entries = validation::VgpuPermittedEntries(discovery, *inventory, cmd.common.resource_domain);
+  out << validation::VgpuKubevirtMergePatchYaml(entries);
+  if (entries.empty()) {
+    std::cerr << "vfio-gpu-agent kubevirt-config: no vGPU on this node (see `vfio-gpu-agent validate --workload "
+                 "vm-vgpu --layers vgpu`)\n";
+    return kExitNotReady;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
@@ -83,10 +119,12 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
           "default table already has, or as a merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there\n"
           "is no GPU to describe. With --format dra: the DeviceClasses (one per GPU model, with the model's\n"
           "extended-resource name), a ResourceClaimTemplate per model for 1 and for all of its GPUs, and the\n"
-          "VirtualMachine fields that use them.",
+          "VirtualMachine fields that use them. With --workload vm-vgpu: the entries for this node's vGPU types\n"
+          "instead (mediatedDevices for mdev types, pciHostDevices for SR-IOV profiles) as a merge patch.",
           KubevirtConfigFlagSpecs(), args, out, &cmd)) {
     return *exit;
   }
+  if (cmd.common.workload == Workload::kVmVgpu) return PrintVgpuEntries(cmd, out);
   const std::string format = cmd.flags.Get("format", "cozystack");
   if (format != "cozystack" && format != "kubevirt-patch" && format != "dra") {
     std::cerr << "vfio-gpu-agent kubevirt-config: --format \"" << format

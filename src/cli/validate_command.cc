@@ -159,7 +159,7 @@ absl::StatusOr<std::optional<validation::DraValidation>> DraFromFlags(const Pars
 
 std::vector<FlagSpec> ValidateFlags() {
   std::vector<FlagSpec> specs = {
-      {"status-dir", "DIR", "write the GPU Operator's status files (workload-type, vfio-pci-ready) there", ""},
+      {"status-dir", "DIR", "write the GPU Operator's status files (workload-type, vfio-pci-ready; vm-vgpu: vgpu-manager-ready, vgpu-devices-ready) there", ""},
       {"kubevirt-cr", "FILE", "KubeVirt CR as YAML or JSON (e.g. `kubectl get kubevirt -A -o yaml`)", ""},
       {"pod-resources-socket", "PATH", "the kubelet's pod-resources socket",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
@@ -182,6 +182,12 @@ std::vector<FlagSpec> ValidateFlags() {
        "/var/lib/kubelet/plugins"},
       {"cdi-dir", "DIR", "with --kubelet-api dra: the CDI spec directory", "/var/run/cdi"},
       {"node-name", "NAME", "with --kubelet-api dra: the node whose ResourceSlices are read", "$NODE_NAME"},
+      {"state-dir", "DIR", "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of "
+                           "full SR-IOV cards (read, never written)", "/var/lib/vfio-gpu-agent"},
+      {"vgpu-config-file", "FILE", "--workload vm-vgpu: vgpu-device-manager's config file; the vgpu layer compares "
+                                   "each GPU's vGPUs with config --vgpu-config", ""},
+      {"vgpu-config", "NAME", "the config of --vgpu-config-file to compare with (the node's nvidia.com/vgpu.config)",
+       ""},
   };
   for (FlagSpec& spec : FabricFlags()) {
     if (spec.name != "fabric-fail-mode") specs.push_back(std::move(spec));
@@ -209,6 +215,10 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "On a DRA node (--kubelet-api dra) the plugin and kubelet layers check the DRA driver instead: its\n"
           "registration socket, the kubelet's answer, the CDI directory, the node's ResourceSlices and a DeviceClass;\n"
           "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes).\n"
+          "With --workload vm-vgpu the vgpu layer replaces devices: GPUs on nvidia, the vGPU manager, one\n"
+          "framework, SR-IOV VFs enabled, every vGPU named, the profiles of --vgpu-config-file; the plugin and\n"
+          "kubelet layers expect the vGPUs, the KubeVirt layer their permittedHostDevices entries, and --status-dir\n"
+          "gets vgpu-manager-ready and vgpu-devices-ready.\n"
           "Exit 0 when no check failed (warnings allowed), 1 when one did, 2 usage, 3 the host could not be read.",
           ValidateFlags(), args, out, &cmd)) {
     return *exit;
@@ -231,6 +241,16 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
   int ms = 0;
   if (!absl::SimpleAtoi(timeout, &ms) || ms <= 0) return usage("--rpc-timeout must be a positive number of milliseconds");
   options.rpc_wait = std::chrono::milliseconds(ms);
+  options.workload = cmd.common.workload;
+  options.vgpu_catalog_file =
+      std::filesystem::path(cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt";
+  if (cmd.flags.Has("vgpu-config-file") != cmd.flags.Has("vgpu-config")) {
+    return usage("--vgpu-config-file and --vgpu-config go together (the file and the config in it to compare with)");
+  }
+  if (cmd.flags.Has("vgpu-config-file")) {
+    options.vgpu_config_file = cmd.flags.Get("vgpu-config-file");
+    options.vgpu_config = cmd.flags.Get("vgpu-config");
+  }
   if (cmd.flags.Has("kubevirt-cr")) {
     auto text = fs::ReadTrimmed(cmd.flags.Get("kubevirt-cr"));
     if (!text.ok()) return usage(absl::StrCat("--kubevirt-cr: ", text.status().message()));

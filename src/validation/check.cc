@@ -16,6 +16,7 @@ const char* LayerName(Layer layer) {
     case Layer::kKubevirt: return "kubevirt";
     case Layer::kApi: return "api";
     case Layer::kFabric: return "fabric";
+    case Layer::kVgpu: return "vgpu";
   }
   return "platform";
 }

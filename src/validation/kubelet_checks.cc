@@ -100,7 +100,8 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
                                         {"plugin's healthy set (sysfs)", DeviceList(healthy)}};
       if (kubelet == healthy) {
         out.push_back(MakeCheck("kubelet.allocatable", Layer::kKubelet, name, Result::kPass,
-                                absl::StrCat("the kubelet can allocate exactly the ", healthy.size(), " healthy GPUs"),
+                                absl::StrCat("the kubelet can allocate exactly the ", healthy.size(), " healthy ",
+                                             node.workload == Workload::kVmVgpu ? "vGPUs" : "GPUs"),
                                 std::move(evidence)));
         continue;
       }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "cluster_check_util.h"
 #include "kubevirt_cr.h"
+#include "kubevirt_shared.h"
 #include "vfio_gpu_agent/validation/kubevirt_config.h"
 
 namespace vfio_agent::validation {
@@ -20,9 +21,20 @@ constexpr char kAddEntryFix[] =
     "(gpu.permittedHostDevices.pciHostDevices); plain KubeVirt: apply `vfio-gpu-agent kubevirt-config --format "
     "kubevirt-patch`.";
 
+}  // namespace
+
+// Shared with the vGPU checks (kubevirt_shared.h).
+namespace internal {
+
 std::string CrName(const KubevirtCr& cr) {
   return cr.namespace_.empty() ? absl::StrCat("kubevirt ", cr.name) : absl::StrCat("kubevirt ", cr.namespace_, "/", cr.name);
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::CrName;
 
 std::string EntryText(const PciHostDeviceEntry& entry) {
   return absl::StrFormat("pciVendorSelector=%s resourceName=%s externalResourceProvider=%s",
@@ -113,6 +125,10 @@ void CheckPermitted(const KubevirtCr& cr, const NodeNames& node_names, std::vect
   }
 }
 
+}  // namespace
+
+namespace internal {
+
 void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
   const std::string source = absl::StrCat(CrName(cr), " ", kGatesPath);
   const std::string value = cr.feature_gates.empty() ? "(none)" : absl::StrJoin(cr.feature_gates, ",");
@@ -144,6 +160,12 @@ void CheckFeatureGates(const KubevirtCr& cr, std::vector<Check>* out) {
         {{source, value}}, absl::StrFormat(kGateFix, "GPU", kGatesPath, kCozystackGpu)));
   }
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::CheckFeatureGates;
 
 void CheckDuplicateSelectors(const KubevirtCr& cr, std::vector<Check>* out) {
   std::map<std::string, std::vector<const PciHostDeviceEntry*>> by_selector;  // upper-cased selector

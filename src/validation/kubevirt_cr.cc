@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <functional>
 #include <charconv>
 #include <sstream>
 
@@ -44,6 +45,60 @@ void Collect(const YAML::Node& doc, std::vector<YAML::Node>* out) {
   }
 }
 
+// `externalResourceProvider` of entry `where`: nullopt when absent.
+absl::StatusOr<std::optional<bool>> ExternalProvider(const YAML::Node& item, const std::string& where) {
+  const YAML::Node external = item["externalResourceProvider"];
+  if (!external.IsDefined() || external.IsNull()) return std::nullopt;
+  // YAML 1.2 / JSON booleans only: KubeVirt's API server rejects "yes", and so does a Go bool.
+  const std::string text = ScalarOr(external);
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ".externalResourceProvider is not a boolean: \"", text, "\""));
+}
+
+// The entries of permittedHostDevices.<list>, each map handed to `add` with its index; a list that is absent is
+// empty.
+absl::Status ForEachEntry(const YAML::Node& object, const char* list,
+                          const std::function<absl::Status(const YAML::Node&, int)>& add) {
+  const YAML::Node entries = Walk(object, {"spec", "configuration", "permittedHostDevices", list});
+  if (!entries.IsDefined()) return absl::OkStatus();
+  if (!entries.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.configuration.permittedHostDevices.", list, " is not a list"));
+  }
+  int index = 0;
+  for (const YAML::Node& item : entries) {
+    if (!item.IsMap()) return absl::InvalidArgumentError(absl::StrCat(list, "[", index, "] is not an object"));
+    if (absl::Status status = add(item, index); !status.ok()) return status;
+    ++index;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParsePciHostDevices(const YAML::Node& object, KubevirtCr* cr) {
+  return ForEachEntry(object, "pciHostDevices", [&](const YAML::Node& item, int index) -> absl::Status {
+    PciHostDeviceEntry entry{.index = index, .pci_vendor_selector = ScalarOr(item["pciVendorSelector"]),
+                             .resource_name = ScalarOr(item["resourceName"])};
+    absl::StatusOr<std::optional<bool>> external = ExternalProvider(item, absl::StrCat("pciHostDevices[", index, "]"));
+    if (!external.ok()) return external.status();
+    entry.external_resource_provider = *external;
+    cr->pci_host_devices.push_back(std::move(entry));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ParseMediatedDevices(const YAML::Node& object, KubevirtCr* cr) {
+  return ForEachEntry(object, "mediatedDevices", [&](const YAML::Node& item, int index) -> absl::Status {
+    MediatedDeviceEntry entry{.index = index, .mdev_name_selector = ScalarOr(item["mdevNameSelector"]),
+                              .resource_name = ScalarOr(item["resourceName"])};
+    absl::StatusOr<std::optional<bool>> external = ExternalProvider(item, absl::StrCat("mediatedDevices[", index, "]"));
+    if (!external.ok()) return external.status();
+    entry.external_resource_provider = *external;
+    cr->mediated_devices.push_back(std::move(entry));
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<KubevirtCr> Describe(const YAML::Node& object, int objects) {
   KubevirtCr cr;
   cr.objects = objects;
@@ -65,36 +120,8 @@ absl::StatusOr<KubevirtCr> Describe(const YAML::Node& object, int objects) {
 
   const YAML::Node permitted = Walk(object, {"spec", "configuration", "permittedHostDevices"});
   cr.has_permitted_host_devices = permitted.IsDefined();
-  const YAML::Node pci = Walk(object, {"spec", "configuration", "permittedHostDevices", "pciHostDevices"});
-  if (!pci.IsDefined()) return cr;
-  if (!pci.IsSequence()) {
-    return absl::InvalidArgumentError("spec.configuration.permittedHostDevices.pciHostDevices is not a list");
-  }
-  int index = 0;
-  for (const YAML::Node& item : pci) {
-    PciHostDeviceEntry entry;
-    entry.index = index++;
-    if (!item.IsMap()) {
-      return absl::InvalidArgumentError(absl::StrCat("pciHostDevices[", entry.index, "] is not an object"));
-    }
-    entry.pci_vendor_selector = ScalarOr(item["pciVendorSelector"]);
-    entry.resource_name = ScalarOr(item["resourceName"]);
-    const YAML::Node external = item["externalResourceProvider"];
-    if (external.IsDefined() && !external.IsNull()) {
-      bool value = false;
-      // YAML 1.2 / JSON booleans only: KubeVirt's API server rejects "yes", and so does a Go bool.
-      const std::string text = ScalarOr(external);
-      if (text == "true" || text == "True" || text == "TRUE") {
-        value = true;
-      } else if (!(text == "false" || text == "False" || text == "FALSE")) {
-        return absl::InvalidArgumentError(absl::StrCat("pciHostDevices[", entry.index,
-                                                       "].externalResourceProvider is not a boolean: \"", text,
-                                                       "\""));
-      }
-      entry.external_resource_provider = value;
-    }
-    cr.pci_host_devices.push_back(std::move(entry));
-  }
+  if (absl::Status status = ParsePciHostDevices(object, &cr); !status.ok()) return status;
+  if (absl::Status status = ParseMediatedDevices(object, &cr); !status.ok()) return status;
   return cr;
 }
 

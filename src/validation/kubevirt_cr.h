@@ -20,12 +20,23 @@ struct PciHostDeviceEntry {
   std::optional<bool> external_resource_provider;  // nullopt when the field is absent (KubeVirt: false)
 };
 
+// One spec.configuration.permittedHostDevices.mediatedDevices entry, as written. KubeVirt compares the selector
+// with each mdev's mdev_type/name after turning every space of both into '_' (virt-handler device_controller.go
+// removeSelectorSpaces, mediated_device.go getMdevTypeName).
+struct MediatedDeviceEntry {
+  int index = 0;
+  std::string mdev_name_selector;  // "GRID T4-1Q" or "GRID_T4-1Q"
+  std::string resource_name;
+  std::optional<bool> external_resource_provider;
+};
+
 struct KubevirtCr {
   std::string name;       // metadata.name
   std::string namespace_;  // metadata.namespace
   int objects = 0;        // KubeVirt objects found in the text; the first is the one described here
   bool has_permitted_host_devices = false;  // spec.configuration.permittedHostDevices present
   std::vector<PciHostDeviceEntry> pci_host_devices;
+  std::vector<MediatedDeviceEntry> mediated_devices;
   std::vector<std::string> feature_gates;  // spec.configuration.developerConfiguration.featureGates
   // spec.configuration.developerConfiguration.disabledFeatureGates: turns off a Beta gate (on by default)
   std::vector<std::string> disabled_feature_gates;

@@ -149,7 +149,8 @@ void CheckResource(const NodeView& node, const plugin::ResourceDevices& resource
   std::vector<Evidence> evidence = {{list_source, ListingText(answer)}, {expected_source, ExpectedText(resource)}};
   if (answer.listing.healthy == expected) {
     out->push_back(MakeCheck("plugin.devices", Layer::kPlugin, name, Result::kPass,
-                             absl::StrCat("lists exactly the ", expected.size(), " healthy vfio-bound GPUs"),
+                             absl::StrCat("lists exactly the ", expected.size(), " healthy ",
+                                          node.workload == Workload::kVmVgpu ? "vGPUs" : "vfio-bound GPUs"),
                              std::move(evidence)));
     return;
   }

@@ -1,5 +1,5 @@
 // The GPU Operator's validation status files, which its sandbox device plugin's init container (and kata's)
-// wait for: workload-type, then vfio-pci-ready.
+// wait for: workload-type, then vfio-pci-ready (vm-passthrough) or vgpu-manager-ready and vgpu-devices-ready (vm-vgpu).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,7 +18,8 @@ namespace {
 
 constexpr char kWorkloadType[] = "workload-type";
 constexpr char kReady[] = "vfio-pci-ready";
-constexpr char kWorkload[] = "vm-passthrough\n";
+constexpr char kVgpuManagerReady[] = "vgpu-manager-ready";
+constexpr char kVgpuDevicesReady[] = "vgpu-devices-ready";
 
 // Readers never see a partial file: the content goes to a private temporary name in `dir`, then rename(2).
 absl::Status WriteAtomically(const std::filesystem::path& dir, const std::string& name, std::string_view content) {
@@ -37,29 +38,45 @@ absl::Status WriteAtomically(const std::filesystem::path& dir, const std::string
   return absl::OkStatus();
 }
 
-}  // namespace
+// Present (an empty file) or absent, changed only when it differs, so watchers see no event while nothing does.
+absl::Status SetMarker(const std::filesystem::path& dir, const char* name, bool present) {
+  const std::filesystem::path marker = dir / name;
+  if (present) {
+    if (fs::Exists(marker)) return absl::OkStatus();
+    if (auto status = WriteAtomically(dir, name, ""); !status.ok()) return status;
+    spdlog::info("validate: created {}", marker.string());
+    return absl::OkStatus();
+  }
+  if (::unlink(marker.c_str()) == 0) {
+    spdlog::warn("validate: removed {}", marker.string());
+  } else if (errno != ENOENT) {
+    return fs::ErrnoStatus(errno, "remove", marker);
+  }
+  return absl::OkStatus();
+}
 
-absl::Status WriteStatusFiles(const std::filesystem::path& dir, bool host_ready) {
+// `workload-type` holds the mode and a newline, as the GPU Operator's validator writes it.
+absl::Status SetWorkloadType(const std::filesystem::path& dir, Workload workload) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir.string(), ": ", ec.message()));
-  // Rewritten only when it differs, so watchers of the directory see no events while nothing changes.
-  if (fs::ReadTrimmed(dir / kWorkloadType).value_or("") != "vm-passthrough") {
-    if (auto status = WriteAtomically(dir, kWorkloadType, kWorkload); !status.ok()) return status;
-  }
-  const std::filesystem::path ready = dir / kReady;
-  if (host_ready) {
-    if (fs::Exists(ready)) return absl::OkStatus();
-    if (auto status = WriteAtomically(dir, kReady, ""); !status.ok()) return status;
-    spdlog::info("validate: layers 1-2 pass; created {}", ready.string());
-    return absl::OkStatus();
-  }
-  if (::unlink(ready.c_str()) == 0) {
-    spdlog::warn("validate: layers 1-2 fail; removed {}", ready.string());
-  } else if (errno != ENOENT) {
-    return fs::ErrnoStatus(errno, "remove", ready);
-  }
-  return absl::OkStatus();
+  if (fs::ReadTrimmed(dir / kWorkloadType).value_or("") == WorkloadName(workload)) return absl::OkStatus();
+  return WriteAtomically(dir, kWorkloadType, absl::StrCat(WorkloadName(workload), "\n"));
+}
+
+}  // namespace
+
+absl::Status WriteStatusFiles(const std::filesystem::path& dir, bool host_ready) {
+  if (auto status = SetWorkloadType(dir, Workload::kVmPassthrough); !status.ok()) return status;
+  return SetMarker(dir, kReady, host_ready);
+}
+
+absl::Status WriteVgpuStatusFiles(const std::filesystem::path& dir, bool manager_ready, bool devices_ready) {
+  if (auto status = SetWorkloadType(dir, Workload::kVmVgpu); !status.ok()) return status;
+  // A file left from vm-passthrough would say GPUs are on vfio-pci; none is on a vm-vgpu node.
+  if (auto status = SetMarker(dir, kReady, false); !status.ok()) return status;
+  if (auto status = SetMarker(dir, kVgpuManagerReady, manager_ready); !status.ok()) return status;
+  return SetMarker(dir, kVgpuDevicesReady, manager_ready && devices_ready);
 }
 
 }  // namespace vfio_agent::validation

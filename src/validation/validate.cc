@@ -8,10 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "check_builder.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/plugin/vgpu_devices.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
 
 namespace vfio_agent::validation {
 namespace {
@@ -19,7 +22,7 @@ namespace {
 namespace rpt = report::v1;
 
 constexpr Layer kAllLayers[] = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet,
-                                Layer::kKubevirt, Layer::kApi,     Layer::kFabric};
+                                Layer::kKubevirt, Layer::kApi,     Layer::kFabric,  Layer::kVgpu};
 
 rpt::Layer ToReport(Layer layer) {
   switch (layer) {
@@ -30,6 +33,7 @@ rpt::Layer ToReport(Layer layer) {
     case Layer::kKubevirt: return rpt::KUBEVIRT;
     case Layer::kApi: return rpt::API;
     case Layer::kFabric: return rpt::FABRIC;
+    case Layer::kVgpu: return rpt::VGPU;
   }
   return rpt::LAYER_UNSPECIFIED;
 }
@@ -50,7 +54,57 @@ std::string CountsText(const rpt::Counts& c) {
   return absl::StrFormat("%d passed, %d warning(s), %d failed, %d skipped", c.pass(), c.warn(), c.fail(), c.skip());
 }
 
+// What the vGPU side of a run reads once: the discovery (with the agent's remembered catalogs, never written
+// here), the snapshot the agent would advertise from it, and the profiles config.
+struct VgpuNode {
+  vgpu::Discovery discovery;
+  plugin::DeviceSnapshot snapshot;
+  VgpuView view;
+};
+
+// Fills `out` in place: its view points into it.
+void ReadVgpuNode(const ValidateOptions& options, const pci::Inventory& inventory, VgpuNode& out) {
+  out.discovery = DiscoverVgpusReadOnly(options.paths.sysfs_root, inventory, options.vgpu_catalog_file);
+  out.snapshot = plugin::BuildVgpuSnapshot(options.paths, inventory, out.discovery, options.resource_domain, {}).snapshot;
+  out.view.discovery = &out.discovery;
+  out.view.domain = options.resource_domain;
+  if (options.vgpu_config_file) {
+    out.view.config_source = absl::StrCat(options.vgpu_config_file->string(), " config ", options.vgpu_config);
+    absl::StatusOr<vgpu::VgpuConfigFile> file = vgpu::LoadVgpuConfig(*options.vgpu_config_file);
+    out.view.desired = file.ok() ? vgpu::DesiredTypes(*file, options.vgpu_config, ConfigGpus(inventory))
+                                 : absl::StatusOr<std::map<std::string, std::map<std::string, int>>>(file.status());
+  }
+}
+
+// Layer 2 judges GPUs on vfio-pci; on a vm-vgpu node they stay on nvidia and the vgpu layer judges them.
+std::vector<Check> DevicesOnVgpuNode() {
+  return {Check{.id = "device.driver", .layer = Layer::kDevices, .subject = "node", .result = Result::kSkip,
+                .message = "not checked: a vm-vgpu node keeps its GPUs on nvidia (the vGPU manager); see the vgpu "
+                           "layer"}};
+}
+
 }  // namespace
+
+vgpu::Discovery DiscoverVgpusReadOnly(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
+                                      const std::filesystem::path& catalog_file) {
+  std::vector<vgpu::DeviceError> errors;
+  vgpu::CatalogStore remembered(catalog_file);
+  if (!catalog_file.empty()) {
+    if (absl::Status status = remembered.Load(); !status.ok()) {
+      errors.push_back({.device = "", .path = catalog_file, .status = status});
+    }
+  }
+  vgpu::CatalogStore catalog = remembered.InMemory();
+  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(sysfs_root, inventory, catalog);
+  vgpu::Discovery out;
+  if (discovery.ok()) {
+    out = *std::move(discovery);
+  } else {
+    errors.push_back({.device = "", .path = sysfs_root / "bus/mdev/devices", .status = discovery.status()});
+  }
+  out.errors.insert(out.errors.end(), errors.begin(), errors.end());
+  return out;
+}
 
 absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
   std::set<Layer> layers;
@@ -63,7 +117,7 @@ absl::StatusOr<std::set<Layer>> ParseLayers(std::string_view text) {
     auto it = std::find_if(std::begin(kAllLayers), std::end(kAllLayers), [&](Layer l) { return name == LayerName(l); });
     if (it == std::end(kAllLayers)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown layer \"", name,
-                                                     "\" (want platform, devices, plugin, kubelet, kubevirt, api, fabric or all)"));
+                                                     "\" (want platform, devices, plugin, kubelet, kubevirt, api, fabric, vgpu or all)"));
     }
     layers.insert(*it);
   }
@@ -128,7 +182,15 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   const names::NameResolver names(options.pci_ids, options.resource_domain, options.name_overrides);
   // The rules the agent itself applies (names, health; no config read of a GPU in D3cold).
   const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(options.paths, *inventory, selection, names, {});
-  const NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .expected = &expected};
+  NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .expected = &expected,
+                .workload = options.workload};
+  const bool vgpu_node = options.workload == Workload::kVmVgpu;
+  VgpuNode vgpu_state;
+  if (vgpu_node) {
+    ReadVgpuNode(options, *inventory, vgpu_state);
+    node.expected = &vgpu_state.snapshot;
+    node.vgpu = &vgpu_state.view;
+  }
 
   std::vector<Check> checks;
   auto run = [&](Layer layer, auto&& layer_checks) {
@@ -136,7 +198,8 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
     for (Check& check : layer_checks()) checks.push_back(std::move(check));
   };
   run(Layer::kPlatform, [&] { return PlatformChecks(node); });
-  run(Layer::kDevices, [&] { return DeviceChecks(node); });
+  run(Layer::kDevices, [&] { return vgpu_node ? DevicesOnVgpuNode() : DeviceChecks(node); });
+  run(Layer::kVgpu, [&] { return VgpuChecks(node); });
   run(Layer::kPlugin, [&] {
     return options.dra ? DraDriverChecks(*options.dra, options.rpc_wait) : PluginChecks(node, options.rpc_wait);
   });
@@ -145,9 +208,12 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
                        : KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait);
   });
   run(Layer::kKubevirt, [&] {
-    std::vector<Check> kubevirt = options.kubevirt_cr_unavailable
-                                      ? KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable)
-                                      : KubevirtChecks(node, options.kubevirt_cr, names);
+    std::vector<Check> kubevirt;
+    if (options.kubevirt_cr_unavailable) {
+      kubevirt = KubevirtUnavailableChecks(*options.kubevirt_cr_unavailable);
+    } else {
+      kubevirt = vgpu_node ? VgpuKubevirtChecks(node, options.kubevirt_cr) : KubevirtChecks(node, options.kubevirt_cr, names);
+    }
     if (options.dra) {
       for (Check& check : DraKubevirtChecks(options.kubevirt_cr_unavailable ? std::nullopt : options.kubevirt_cr)) {
         kubevirt.push_back(std::move(check));
@@ -159,7 +225,23 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   run(Layer::kFabric, [&] { return FabricChecks(node, options.fabric); });
 
   rpt::ValidateReport report = MakeReport(checks, options.layers, options.paths);
-  if (options.status_dir) {
+  report.set_workload(WorkloadName(options.workload));
+  if (vgpu_node) {
+    report.set_summary(absl::StrReplaceAll(report.summary(), {{"passthrough chain OK", "vGPU chain OK"}}));
+    report.set_vgpu_manager_ready(options.layers.contains(Layer::kPlatform) && options.layers.contains(Layer::kVgpu) &&
+                                  VgpuManagerReady(checks));
+    report.set_vgpu_devices_ready(report.vgpu_manager_ready() && VgpuDevicesReady(checks));
+  }
+  if (options.status_dir && vgpu_node) {
+    if (!options.layers.contains(Layer::kPlatform) || !options.layers.contains(Layer::kVgpu)) {
+      return absl::InvalidArgumentError("--status-dir on a vm-vgpu node needs the platform and vgpu layers");
+    }
+    if (auto status = WriteVgpuStatusFiles(*options.status_dir, report.vgpu_manager_ready(), report.vgpu_devices_ready());
+        !status.ok()) {
+      return status;
+    }
+    report.set_status_dir(options.status_dir->string());
+  } else if (options.status_dir) {
     if (!options.layers.contains(Layer::kPlatform) || !options.layers.contains(Layer::kDevices)) {
       return absl::InvalidArgumentError("--status-dir needs the platform and devices layers");
     }
@@ -188,7 +270,11 @@ std::string FormatValidateText(const rpt::ValidateReport& report) {
     if (!check.fix().empty()) absl::StrAppend(&text, "          fix: ", check.fix(), "\n");
   }
   absl::StrAppend(&text, "\n", report.summary(), "\n");
-  if (!report.status_dir().empty()) {
+  if (!report.status_dir().empty() && report.workload() == WorkloadName(Workload::kVmVgpu)) {
+    absl::StrAppend(&text, "status files in ", report.status_dir(), ": workload-type",
+                    report.vgpu_manager_ready() ? ", vgpu-manager-ready" : " (vgpu-manager-ready removed)",
+                    report.vgpu_devices_ready() ? ", vgpu-devices-ready" : " (vgpu-devices-ready removed)", "\n");
+  } else if (!report.status_dir().empty()) {
     absl::StrAppend(&text, "status files in ", report.status_dir(), ": workload-type",
                     report.host_ready() ? ", vfio-pci-ready" : " (vfio-pci-ready removed: layers 1-2 failed)", "\n");
   }

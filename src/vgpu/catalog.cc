@@ -87,6 +87,12 @@ std::map<int, std::string> ParseCreatableTypes(std::string_view text) {
 
 CatalogStore::CatalogStore(std::filesystem::path file) : file_(std::move(file)) {}
 
+CatalogStore CatalogStore::InMemory() const {
+  CatalogStore copy{std::filesystem::path()};
+  copy.cards_ = cards_;
+  return copy;
+}
+
 absl::Status CatalogStore::Load() {
   cards_.clear();
   if (file_.empty()) return absl::OkStatus();

@@ -171,9 +171,10 @@ class ClusterNode {
     kubelet_ = std::make_unique<kubeletsim::KubeletSim>(options);
     return kubelet_->Start();
   }
-  absl::Status StartAgent() {
+  absl::Status StartAgent(Workload workload = Workload::kVmPassthrough) {
     plugin::ServeOptions options;
     options.paths = paths;
+    options.workload = workload;
     options.rescan_interval = 50ms;
     options.udev = false;  // the host's uevents say nothing about the simulated node
     agent_ = std::make_unique<plugin::Agent>(options);

@@ -72,6 +72,25 @@ TEST(HostStatusFilesTest, WrongWorkloadTypeIsReplacedAtomically) {
   EXPECT_THAT(Names(dir.path()), ElementsAre("workload-type"));  // no temporary file left behind
 }
 
+// The mode switch in both directions: each mode's files replace the other's (issue 19), as the GPU Operator's
+// vgpu-manager and vgpu-devices validators write them (empty files, workload-type "vm-vgpu\n").
+TEST(HostStatusFilesTest, VgpuFilesReplaceThePassthroughOnesAndFollowReadiness) {
+  vfio_agent::testing::TempDir dir;
+  ASSERT_TRUE(WriteStatusFiles(dir.path(), true).ok());
+  ASSERT_TRUE(WriteVgpuStatusFiles(dir.path(), true, false).ok());
+  EXPECT_THAT(Names(dir.path()), ElementsAre("vgpu-manager-ready", "workload-type"));
+  std::ifstream workload(dir.path() / "workload-type");
+  std::string content((std::istreambuf_iterator<char>(workload)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "vm-vgpu\n");
+  ASSERT_TRUE(WriteVgpuStatusFiles(dir.path(), true, true).ok());
+  EXPECT_THAT(Names(dir.path()), ElementsAre("vgpu-devices-ready", "vgpu-manager-ready", "workload-type"));
+  EXPECT_EQ(std::filesystem::file_size(dir.path() / "vgpu-devices-ready"), 0u);
+  ASSERT_TRUE(WriteVgpuStatusFiles(dir.path(), false, true).ok());  // no devices are ready without their manager
+  EXPECT_THAT(Names(dir.path()), ElementsAre("workload-type"));
+  ASSERT_TRUE(WriteStatusFiles(dir.path(), true).ok());
+  EXPECT_EQ(fs::ReadTrimmed(dir.path() / "workload-type").value_or(""), "vm-passthrough");
+}
+
 TEST(HostStatusFilesTest, CreatesTheDirectoryAndReportsAnUnusableOne) {
   vfio_agent::testing::TempDir dir;
   ASSERT_TRUE(WriteStatusFiles(dir.path() / "run/nvidia/validations", true).ok());
@@ -87,8 +106,9 @@ TEST(HostStatusFilesTest, ParseLayersAcceptsNamesAndAll) {
   auto layers = ParseLayers("platform, devices");
   ASSERT_TRUE(layers.ok());
   EXPECT_THAT(*layers, ElementsAre(Layer::kPlatform, Layer::kDevices));
-  EXPECT_EQ(ParseLayers("all")->size(), 7u);
+  EXPECT_EQ(ParseLayers("all")->size(), 8u);
   EXPECT_TRUE(ParseLayers("fabric")->contains(Layer::kFabric));
+  EXPECT_TRUE(ParseLayers("vgpu")->contains(Layer::kVgpu));
   EXPECT_TRUE(ParseLayers("api")->contains(Layer::kApi));
   EXPECT_FALSE(ParseLayers("platform,firmware").ok());
   EXPECT_FALSE(ParseLayers("").ok());

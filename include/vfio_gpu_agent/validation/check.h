@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,18 +14,23 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/fabric/partitions.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/vgpu/config.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 
 namespace vfio_agent::validation {
 
 // In chain order; the human report groups by layer in this order. kApi comes last: it is not a link of the
 // chain but what bounds the agent's own account at the API server (issue 24).
-enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt, kApi, kFabric };
-const char* LayerName(Layer layer);  // "platform", "devices", "plugin", "kubelet", "kubevirt", "api", "fabric"
+// kVgpu (issue 19) stands in for kDevices on a vm-vgpu node, where the GPUs stay on nvidia (the vGPU manager).
+enum class Layer { kPlatform, kDevices, kPlugin, kKubelet, kKubevirt, kApi, kFabric, kVgpu };
+// "platform", "devices", "plugin", "kubelet", "kubevirt", "api", "fabric", "vgpu"
+const char* LayerName(Layer layer);
 
 enum class Result { kPass, kWarn, kFail, kSkip };
 const char* ResultName(Result result);  // "pass", "warn", "fail", "skip"
@@ -47,12 +53,36 @@ struct Check {
 
 // What the node is expected to advertise: the snapshot the device plugin would build from this host now
 // (plugin::BuildSnapshot over the current scan and the same name rules the agent uses).
+// On a vm-vgpu node `expected` is the vGPU snapshot (plugin::BuildVgpuSnapshot over `vgpu->discovery`).
+struct VgpuView;
 struct NodeView {
   HostPaths paths;
   const pci::Inventory* inventory = nullptr;
   const pci::Selection* selection = nullptr;
   const plugin::DeviceSnapshot* expected = nullptr;
+  Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `expected` holds vGPUs, and the messages say so
+  const VgpuView* vgpu = nullptr;  // vm-vgpu only
 };
+
+// vm-vgpu: what the vGPU layer reads besides sysfs.
+struct VgpuView {
+  const vgpu::Discovery* discovery = nullptr;
+  // The profiles config (--vgpu-config-file, --vgpu-config): the types it asks of each GPU by PF BDF
+  // (vgpu::DesiredTypes), or why it could not be read; nullopt: no config given.
+  std::optional<absl::StatusOr<std::map<std::string, std::map<std::string, int>>>> desired;
+  std::string config_source;  // "<file> config <name>", for evidence
+  std::string domain = "nvidia.com";  // of the vGPU resource names
+};
+
+// vgpu::Discover with the catalogs the agent remembered in `catalog_file` (<state-dir>/vgpu-catalog.txt), which
+// is read and never written (empty: none). A catalog that cannot be read, or a mdev bus that cannot be listed, is
+// an error of the result (Discovery::errors), so a reader still reports what it could see.
+vgpu::Discovery DiscoverVgpusReadOnly(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
+                                      const std::filesystem::path& catalog_file);
+
+// The GPUs a vgpu-device-manager config's `devices` indices count (vgpu/config.h): NVIDIA display and 3D
+// controllers that are physical functions, in PCI address order.
+std::vector<vgpu::ConfigGpu> ConfigGpus(const pci::Inventory& inventory);
 
 // Layers 1-2 (read-only sysfs, dev and proc under node.paths; never reads config space of a device in D3cold).
 std::vector<Check> PlatformChecks(const NodeView& node);
@@ -62,6 +92,22 @@ std::vector<Check> DeviceChecks(const NodeView& node);
 // ("vm-passthrough\n") always, and an empty `vfio-pci-ready` while `host_ready` (layers 1-2 have no failure),
 // removed otherwise. Atomic (temp file + rename); no other file in `dir` is touched.
 absl::Status WriteStatusFiles(const std::filesystem::path& dir, bool host_ready);
+
+// vm-vgpu status files (as the GPU Operator's validator writes them, cmd/nvidia-validator): `workload-type`
+// ("vm-vgpu\n"); an empty `vgpu-manager-ready` while `manager_ready` (the vGPU manager is loaded and, on SR-IOV
+// cards, every VF is enabled), an empty `vgpu-devices-ready` while `devices_ready` (vGPUs exist as configured);
+// each removed otherwise. `vfio-pci-ready` is removed: no GPU of a vm-vgpu node is on vfio-pci. Atomic, as above.
+absl::Status WriteVgpuStatusFiles(const std::filesystem::path& dir, bool manager_ready, bool devices_ready);
+
+// The vGPU layer (vm-vgpu; on vm-passthrough one skip saying so): every GPU on nvidia, the vGPU manager present
+// (mdev parents, or GPUs with nvidia/creatable_vgpu_types), one framework, VFs enabled on SR-IOV cards, every
+// vGPU readable and named, at least one vGPU, and the profiles of the config when one is given. Read-only.
+std::vector<Check> VgpuChecks(const NodeView& node);
+// What `vgpu-manager-ready` and `vgpu-devices-ready` stand for: no failure in the platform layer and the vGPU
+// layer's manager checks (vgpu.gpu_driver, vgpu.manager, vgpu.framework, vgpu.vfs_enabled); devices: no failure in
+// the platform and vGPU layers at all.
+bool VgpuManagerReady(const std::vector<Check>& checks);
+bool VgpuDevicesReady(const std::vector<Check>& checks);
 
 // Layers 3-5. Each returns its checks in a stable order; a layer that cannot run (socket absent, no CR
 // given) returns kSkip checks that say why, never an empty list.
@@ -93,6 +139,10 @@ struct KubevirtCrUnavailable {
   std::string detail;   // what the server (or the transport) said, and where the credentials came from
 };
 std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why);
+// KubeVirt on a vm-vgpu node: each vGPU resource of node.expected permitted with externalResourceProvider: true,
+// mdev types as mediatedDevices (mdevNameSelector = the type name), SR-IOV profiles as pciHostDevices; the
+// feature gates as KubevirtChecks.
+std::vector<Check> VgpuKubevirtChecks(const NodeView& node, const std::optional<std::string>& kubevirt_cr);
 
 // Api layer: whether the ValidatingAdmissionPolicy that holds each agent to its own Node
 // (daemonset/base/agent/admission-policy.yaml) is installed and bound with Deny, as `validate` read the policy

@@ -26,7 +26,7 @@ struct ValidateOptions {
   std::vector<names::NameOverride> name_overrides;
   const names::PciIdsDatabase* pci_ids = nullptr;  // may be null: pinned names and hex ids still work
   std::set<Layer> layers = {Layer::kPlatform, Layer::kDevices, Layer::kPlugin, Layer::kKubelet,
-                            Layer::kKubevirt, Layer::kApi,     Layer::kFabric};
+                            Layer::kKubevirt, Layer::kApi,     Layer::kFabric,  Layer::kVgpu};
   std::optional<std::filesystem::path> status_dir;  // write the status files there (needs both host layers)
   std::optional<std::string> kubevirt_cr;            // text of a KubeVirt CR
   std::optional<KubevirtCrUnavailable> kubevirt_cr_unavailable;  // the API gave no CR (wins over kubevirt_cr)
@@ -36,6 +36,12 @@ struct ValidateOptions {
   // instead of device-plugin sockets and pod-resources, and the kubevirt layer also the DRA feature gates.
   std::optional<DraValidation> dra;
   std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
+  // vm-vgpu (issue 19): the vgpu layer replaces devices, the plugin and kubelet layers expect the vGPUs, the
+  // KubeVirt layer their permittedHostDevices entries, and --status-dir gets the vGPU status files.
+  Workload workload = Workload::kVmPassthrough;
+  std::filesystem::path vgpu_catalog_file;  // the agent's <state-dir>/vgpu-catalog.txt: read, never written
+  std::optional<std::filesystem::path> vgpu_config_file;  // with vgpu_config: the profiles to compare
+  std::string vgpu_config;                                 // the config's name (nvidia.com/vgpu.config)
 };
 
 // "platform,devices" -> those layers; "all" -> every layer (api included).

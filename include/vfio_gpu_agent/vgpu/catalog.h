@@ -49,6 +49,8 @@ class CatalogStore {
   absl::Status Save() const;
 
   const std::filesystem::path& file() const { return file_; }
+  // The same maps, kept in memory only: what a reader that must not write the file (`validate`) discovers with.
+  CatalogStore InMemory() const;
 
  private:
   std::filesystem::path file_;
