@@ -22,7 +22,7 @@ namespace {
 using internal::CheckBuilder;
 using internal::ReadForEvidence;
 
-constexpr Layer kLayer = Layer::kVgpu;
+constexpr Layer kVgpuLayer = Layer::kVgpu;
 // The checks whose failure means the vGPU manager is not ready (`vgpu-manager-ready`).
 constexpr const char* kManagerChecks[] = {"vgpu.gpu_driver", "vgpu.manager", "vgpu.framework", "vgpu.vfs_enabled"};
 
@@ -52,7 +52,7 @@ int ReadCount(const std::filesystem::path& path) {
 }
 
 Check GpuDriver(const NodeView& node, const pci::Function& fn) {
-  CheckBuilder check("vgpu.gpu_driver", kLayer, fn.bdf);
+  CheckBuilder check("vgpu.gpu_driver", kVgpuLayer, fn.bdf);
   check.Saw((node.paths.PciDevice(fn.bdf) / "driver").string(), fn.driver.empty() ? "(none)" : fn.driver);
   if (fn.driver == vgpu::kNvidiaDriver) return check.Pass("on nvidia (the vGPU manager)");
   return check.Fail(
@@ -67,7 +67,7 @@ Check GpuDriver(const NodeView& node, const pci::Function& fn) {
 // mdev parents, or GPUs whose nvidia/ directory lists vGPU types (the vendor-specific VFIO framework): what the
 // GPU Operator's validator waits for before `vgpu-manager-ready`.
 Check Manager(const NodeView& node, const vgpu::Discovery& discovery) {
-  CheckBuilder check("vgpu.manager", kLayer, "node");
+  CheckBuilder check("vgpu.manager", kVgpuLayer, "node");
   const std::filesystem::path mdev_bus = node.paths.sysfs_root / "class/mdev_bus";
   std::vector<std::string> parents;
   for (const vgpu::MdevParent& parent : discovery.parents) parents.push_back(parent.bdf);
@@ -100,7 +100,7 @@ Check Manager(const NodeView& node, const vgpu::Discovery& discovery) {
 }
 
 Check FrameworkCheck(const vgpu::Discovery& discovery) {
-  CheckBuilder check("vgpu.framework", kLayer, "node");
+  CheckBuilder check("vgpu.framework", kVgpuLayer, "node");
   if (!discovery.framework.ok()) {
     check.Saw("vGPU discovery", std::string(discovery.framework.status().message()));
     return check.Fail(std::string(discovery.framework.status().message()),
@@ -122,7 +122,7 @@ std::vector<Check> VfsEnabled(const NodeView& node, const vgpu::Discovery& disco
     const int total = ReadCount(dir / "sriov_totalvfs");
     if (total <= 0) continue;
     const int enabled = ReadCount(dir / "sriov_numvfs");
-    CheckBuilder check("vgpu.vfs_enabled", kLayer, fn->bdf);
+    CheckBuilder check("vgpu.vfs_enabled", kVgpuLayer, fn->bdf);
     check.Saw((dir / "sriov_numvfs").string(), ReadForEvidence(dir / "sriov_numvfs"))
         .Saw((dir / "sriov_totalvfs").string(), ReadForEvidence(dir / "sriov_totalvfs"));
     if (enabled == total) {
@@ -136,7 +136,7 @@ std::vector<Check> VfsEnabled(const NodeView& node, const vgpu::Discovery& disco
                      "enables them when its --vgpu-config-file asks for vGPUs on this GPU.")));
   }
   if (out.empty()) {
-    out.push_back(CheckBuilder("vgpu.vfs_enabled", kLayer, "node")
+    out.push_back(CheckBuilder("vgpu.vfs_enabled", kVgpuLayer, "node")
                       .Saw((node.paths.PciDevices() / "<GPU>/sriov_totalvfs").string(), "(no SR-IOV vGPU card)")
                       .Pass("no card needs VFs (the mdev parents are the GPUs themselves)"));
   }
@@ -154,14 +154,14 @@ std::string TypeCounts(const std::map<std::string, int>& counts) {
 std::vector<Check> Devices(const NodeView& node, const vgpu::Discovery& discovery) {
   std::vector<Check> out;
   for (const vgpu::DeviceError& error : discovery.errors) {
-    out.push_back(CheckBuilder("vgpu.readable", kLayer, error.device.empty() ? "node" : error.device)
+    out.push_back(CheckBuilder("vgpu.readable", kVgpuLayer, error.device.empty() ? "node" : error.device)
                       .Saw(error.path.string(), std::string(error.status.message()))
                       .Fail(absl::StrCat("unreadable, so not advertised: ", error.status.message()),
                             "Check dmesg for this device; when the path is the catalog file, remove it (the agent "
                             "writes a new one from what the cards list)."));
   }
   for (const vgpu::UnresolvedVgpu& vf : discovery.unresolved) {
-    out.push_back(CheckBuilder("vgpu.names", kLayer, vf.bdf)
+    out.push_back(CheckBuilder("vgpu.names", kVgpuLayer, vf.bdf)
                       .Saw((node.paths.PciDevice(vf.bdf) / "nvidia/current_vgpu_type").string(),
                            absl::StrCat(vf.type_id))
                       .Fail(absl::StrCat("vGPU type ", vf.type_id, " has no known name, so it is not advertised: ",
@@ -173,7 +173,7 @@ std::vector<Check> Devices(const NodeView& node, const vgpu::Discovery& discover
   std::map<std::string, int> by_type;
   for (const vgpu::Mdev& mdev : discovery.mdevs) ++by_type[mdev.type_name];
   for (const vgpu::SriovVgpu& vf : discovery.vgpus) ++by_type[vf.type_name];
-  CheckBuilder check("vgpu.devices", kLayer, "node");
+  CheckBuilder check("vgpu.devices", kVgpuLayer, "node");
   check.Saw((node.paths.sysfs_root / "bus/mdev/devices").string(), absl::StrCat(discovery.mdevs.size(), " mdev(s)"))
       .Saw((node.paths.PciDevices() / "<VF>/nvidia/current_vgpu_type").string(),
            absl::StrCat(discovery.vgpus.size(), " VF(s) with a type"));
@@ -209,11 +209,11 @@ std::vector<vgpu::ExistingVgpu> ExistingOn(const NodeView& node, const vgpu::Dis
 
 std::vector<Check> Profiles(const NodeView& node, const VgpuView& view) {
   if (!view.desired) {
-    return {CheckBuilder("vgpu.profiles", kLayer, "node")
+    return {CheckBuilder("vgpu.profiles", kVgpuLayer, "node")
                 .Skip("not checked: no profiles config given (--vgpu-config-file FILE --vgpu-config NAME)")};
   }
   if (!view.desired->ok()) {
-    return {CheckBuilder("vgpu.profiles", kLayer, "node")
+    return {CheckBuilder("vgpu.profiles", kVgpuLayer, "node")
                 .Saw(view.config_source, std::string(view.desired->status().message()))
                 .Fail(absl::StrCat("the profiles config cannot be applied: ", view.desired->status().message()),
                       "Fix the config (vgpu-device-manager's format: version: v1, vgpu-configs: {<name>: [{devices, "
@@ -225,7 +225,7 @@ std::vector<Check> Profiles(const NodeView& node, const VgpuView& view) {
     std::map<std::string, int> have;
     for (const vgpu::ExistingVgpu& v : existing) ++have[v.type];
     const vgpu::GpuChange change = vgpu::PlanGpu(existing, desired);
-    CheckBuilder check("vgpu.profiles", kLayer, gpu);
+    CheckBuilder check("vgpu.profiles", kVgpuLayer, gpu);
     check.Saw(view.config_source, TypeCounts(desired)).Saw("vGPUs on this GPU (sysfs)", TypeCounts(have));
     if (change.empty()) {
       out.push_back(check.Pass(absl::StrCat("holds what the config asks: ", TypeCounts(desired))));
@@ -241,7 +241,7 @@ std::vector<Check> Profiles(const NodeView& node, const VgpuView& view) {
         "take more)."));
   }
   if (out.empty()) {
-    out.push_back(CheckBuilder("vgpu.profiles", kLayer, "node")
+    out.push_back(CheckBuilder("vgpu.profiles", kVgpuLayer, "node")
                       .Saw(view.config_source, "no entry matches a GPU of this node")
                       .Warn("the config asks nothing of this node's GPUs", kConfigFix));
   }
@@ -263,7 +263,7 @@ std::vector<vgpu::ConfigGpu> ConfigGpus(const pci::Inventory& inventory) {
 
 std::vector<Check> VgpuChecks(const NodeView& node) {
   if (node.workload != Workload::kVmVgpu || node.vgpu == nullptr || node.vgpu->discovery == nullptr) {
-    return {CheckBuilder("vgpu.manager", kLayer, "node")
+    return {CheckBuilder("vgpu.manager", kVgpuLayer, "node")
                 .Skip(absl::StrCat("not checked: a ", WorkloadName(node.workload),
                                    " node (--workload vm-vgpu checks a vGPU node)"))};
   }
@@ -282,14 +282,14 @@ bool VgpuManagerReady(const std::vector<Check>& checks) {
   return std::none_of(checks.begin(), checks.end(), [](const Check& c) {
     if (c.result != Result::kFail) return false;
     if (c.layer == Layer::kPlatform) return true;
-    return c.layer == kLayer && std::find(std::begin(kManagerChecks), std::end(kManagerChecks), c.id) !=
+    return c.layer == kVgpuLayer && std::find(std::begin(kManagerChecks), std::end(kManagerChecks), c.id) !=
                                     std::end(kManagerChecks);
   });
 }
 
 bool VgpuDevicesReady(const std::vector<Check>& checks) {
   return std::none_of(checks.begin(), checks.end(), [](const Check& c) {
-    return c.result == Result::kFail && (c.layer == Layer::kPlatform || c.layer == kLayer);
+    return c.result == Result::kFail && (c.layer == Layer::kPlatform || c.layer == kVgpuLayer);
   });
 }
 

@@ -37,7 +37,7 @@ namespace {
 using internal::CheckBuilder;
 using internal::CrName;
 
-constexpr Layer kLayer = Layer::kKubevirt;
+constexpr Layer kKubevirtLayer = Layer::kKubevirt;
 constexpr char kMdevPath[] = "spec.configuration.permittedHostDevices.mediatedDevices";
 constexpr char kPciPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
 constexpr char kAddEntryFix[] =
@@ -84,7 +84,7 @@ std::map<std::string, VgpuResource> ResourcesOf(const NodeView& node) {
 }
 
 void CheckMdev(const KubevirtCr& cr, const std::string& name, const VgpuResource& resource, std::vector<Check>* out) {
-  CheckBuilder check("kubevirt.permitted", kLayer, name);
+  CheckBuilder check("kubevirt.permitted", kKubevirtLayer, name);
   const std::string source = absl::StrCat(CrName(cr), " ", kMdevPath);
   std::vector<const MediatedDeviceEntry*> entries;
   for (const MediatedDeviceEntry& entry : cr.mediated_devices) {
@@ -128,7 +128,7 @@ void CheckMdev(const KubevirtCr& cr, const std::string& name, const VgpuResource
 
 void CheckSriov(const KubevirtCr& cr, const std::string& name, const VgpuResource& resource,
                 std::vector<Check>* out) {
-  CheckBuilder check("kubevirt.permitted", kLayer, name);
+  CheckBuilder check("kubevirt.permitted", kKubevirtLayer, name);
   const std::string source = absl::StrCat(CrName(cr), " ", kPciPath);
   std::vector<const PciHostDeviceEntry*> entries;
   for (const PciHostDeviceEntry& entry : cr.pci_host_devices) {
@@ -181,14 +181,14 @@ void CheckSriov(const KubevirtCr& cr, const std::string& name, const VgpuResourc
 std::vector<Check> VgpuKubevirtChecks(const NodeView& node, const std::optional<std::string>& kubevirt_cr) {
   std::vector<Check> out;
   if (!kubevirt_cr) {
-    out.push_back(CheckBuilder("kubevirt.permitted", kLayer, "node")
+    out.push_back(CheckBuilder("kubevirt.permitted", kKubevirtLayer, "node")
                       .Skip("not checked: no KubeVirt CR given (--kubevirt-cr FILE, e.g. from `kubectl get kubevirt "
                             "-A -o yaml`) and no cluster to read it from (--kubeconfig, or in-cluster)"));
     return out;
   }
   absl::StatusOr<KubevirtCr> cr = ParseKubevirtCr(*kubevirt_cr);
   if (!cr.ok()) {
-    out.push_back(CheckBuilder("kubevirt.permitted", kLayer, "node")
+    out.push_back(CheckBuilder("kubevirt.permitted", kKubevirtLayer, "node")
                       .Saw("--kubevirt-cr", std::string(cr.status().message()))
                       .Fail(absl::StrCat("the KubeVirt CR given cannot be read: ", cr.status().message()),
                             "Pass the output of `kubectl get kubevirt -A -o yaml` (YAML or JSON) unchanged."));
@@ -199,7 +199,7 @@ std::vector<Check> VgpuKubevirtChecks(const NodeView& node, const std::optional<
           ? ResourcesOf(node)
           : std::map<std::string, VgpuResource>{};
   if (resources.empty()) {
-    out.push_back(CheckBuilder("kubevirt.permitted", kLayer, "node")
+    out.push_back(CheckBuilder("kubevirt.permitted", kKubevirtLayer, "node")
                       .Skip("not checked: this node advertises no vGPU (see the vgpu layer)"));
   }
   for (const auto& [name, resource] : resources) {
