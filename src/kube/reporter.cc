@@ -520,7 +520,9 @@ class NodeReporterImpl final : public NodeReporter {
       Failed(outcome, now);
       return;
     }
-    if (outcome.failure == Failure::kRejected || outcome.failure == Failure::kDenied) {
+    // RBAC without `patch` on nodes (a passthrough ClusterRole) answers the same until the agent is redeployed.
+    if (outcome.failure == Failure::kRejected || outcome.failure == Failure::kDenied ||
+        outcome.failure == Failure::kForbidden) {
       spdlog::error("node {}: Kubernetes API refused the node labels, not retrying them: {}", options_.node_name,
                     outcome.detail);
       for (const auto& [key, value] : sending) rejected_labels_[key] = value;

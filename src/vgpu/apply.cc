@@ -162,7 +162,6 @@ class GpuApplier {
   GpuApplyResult Fail(GpuApplyResult result, const absl::Status& cause) const {
     result.outcome = GpuOutcome::kFailed;
     result.error = GpuError(gpu_, cause);
-    spdlog::warn("vGPU config: {}", std::string(result.error.message()));
     return result;
   }
 
