@@ -17,24 +17,13 @@
 #include "support/wait.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
+#include "vgpu/profile_configs.h"
+#include "vgpu_daemon.h"
 
 namespace vfio_agent::daemon {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr char kVgpuConfigs[] = R"(version: v1
-vgpu-configs:
-  t4-1q-2:
-    - devices: [0]
-      vgpu-devices: {T4-1Q: 2}
-  t4-2q-2:
-    - devices: [0]
-      vgpu-devices: {T4-2Q: 2}
-  t4-2q-10:
-    - devices: [0]
-      vgpu-devices: {T4-2Q: 10}
-)";
 
 class VgpuConfigRunTest : public ::testing::Test {
  protected:
@@ -47,7 +36,7 @@ class VgpuConfigRunTest : public ::testing::Test {
     auto api = sim::KubeApiSim::Start(dir_.path());
     ASSERT_TRUE(api.ok()) << api.status();
     api_ = *std::move(api);
-    std::ofstream(dir_.path() / "vgpu-config.yaml") << kVgpuConfigs;
+    std::ofstream(dir_.path() / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
   }
 
   void Label(const std::string& config) {
@@ -67,18 +56,8 @@ class VgpuConfigRunTest : public ::testing::Test {
     auto reporter = kube::ConnectNodeReporter({.kubeconfig = *kubeconfig, .service_account_dir = {}, .node_name = "node-a"});
     ASSERT_TRUE(reporter.ok()) << reporter.status();
 
-    DaemonOptions options;
-    options.serve.paths.sysfs_root = sysfs_->sysfs_root();
-    options.serve.paths.dev_root = sysfs_->dev_root();
-    options.serve.paths.kubelet_dir = kubelet_options.dir;
-    options.serve.paths.pod_resources_socket = kubelet_options.pod_resources_socket;
-    options.serve.udev = false;
-    options.serve.workload = Workload::kVmVgpu;
-    options.serve.vgpu_catalog_file = dir_.path() / "state/vgpu-catalog.txt";
-    options.bind.paths = options.serve.paths;
-    options.health_port = 0;
-    options.metrics_port = 0;
-    options.not_ready_interval = std::chrono::milliseconds(50);
+    DaemonOptions options =
+        testing::VgpuDaemonOptions(sysfs_->sysfs_root(), sysfs_->dev_root(), kubelet_options, dir_.path() / "state");
     options.vgpu_config_file = dir_.path() / "vgpu-config.yaml";
     options.vgpu_config = default_config;
     options.vgpu_retry = std::chrono::milliseconds(100);

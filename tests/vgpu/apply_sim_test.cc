@@ -11,6 +11,7 @@
 #include "support/fuse.h"
 #include "support/holding_process.h"
 #include "support/sysfs_tree.h"
+#include "vgpu/profile_configs.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
 
@@ -22,36 +23,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
-constexpr char kSimConfig[] = R"(version: v1
-vgpu-configs:
-  t4-1q-2:
-    - devices: [0]
-      vgpu-devices: {T4-1Q: 2}
-  t4-2q-2:
-    - devices: [0]
-      vgpu-devices: {T4-2Q: 2}
-  t4-2q-10:
-    - devices: [0]
-      vgpu-devices: {T4-2Q: 10}
-  both-cards:
-    - devices: [0]
-      vgpu-devices: {T4-2Q: 8}
-    - devices: [1]
-      vgpu-devices: {A10-4Q: 6}
-  h200-small-3:
-    - devices: all
-      device-filter: 0x233510DE
-      vgpu-devices: {H200X-1-18C: 3}
-  h200-small:
-    - devices: all
-      device-filter: 0x233510DE
-      vgpu-devices: {H200X-1-18C: 7}
-  h200-whole:
-    - devices: all
-      device-filter: 0x233510DE
-      vgpu-devices: {H200X-141C: 1}
-)";
-
 class ApplySimTest : public ::testing::Test {
  protected:
   void Start(const char* node_file) {
@@ -59,7 +30,7 @@ class ApplySimTest : public ::testing::Test {
     auto sim = sim::SimProcess::Start(sim::NodeFile(node_file), dir_.path() / "root");
     ASSERT_TRUE(sim.ok()) << sim.status();
     sim_ = *std::move(sim);
-    file_ = *ParseVgpuConfig(kSimConfig);
+    file_ = *ParseVgpuConfig(testing::kSimNodeProfileConfigs);
     catalog_ = std::make_unique<CatalogStore>(StateFile());
   }
 
