@@ -4,6 +4,8 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <optional>
+#include <string_view>
 #include <set>
 #include <system_error>
 
@@ -117,6 +119,32 @@ std::vector<Holder> VfioGroupOpeners(const HostPaths& paths, int group) {
   return FindOpeners(paths.proc_root, [&](const std::string& target) {
     return std::find(forms.begin(), forms.end(), target) != forms.end();
   });
+}
+
+std::map<int, std::vector<Holder>> VfioGroupOpenersByGroup(const HostPaths& paths) {
+  std::vector<std::string> prefixes;
+  for (const std::string& form : PathForms(paths.VfioDir())) prefixes.push_back(form + "/");
+  auto group_of = [&](std::string_view target) -> std::optional<int> {
+    for (const std::string& prefix : prefixes) {
+      if (!target.starts_with(prefix)) continue;
+      const std::string_view name = target.substr(prefix.size());
+      int group = 0;
+      auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), group);
+      if (!name.empty() && ec == std::errc() && end == name.data() + name.size()) return group;
+    }
+    return std::nullopt;
+  };
+  std::map<int, std::vector<Holder>> by_group;
+  for (Holder& holder : FindOpeners(paths.proc_root, [&](const std::string& target) {
+         return group_of(target).has_value();
+       })) {
+    // FindOpeners describes each holder as "<target> open".
+    const std::string_view what = holder.what;
+    if (std::optional<int> group = group_of(what.substr(0, what.rfind(" open")))) {
+      by_group[*group].push_back(std::move(holder));
+    }
+  }
+  return by_group;
 }
 
 }  // namespace vfio_agent::binding

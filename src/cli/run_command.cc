@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
 
@@ -32,6 +33,12 @@ std::vector<FlagSpec> RunFlags() {
       {"node-name", "NAME", "this node's name in the cluster (also env NODE_NAME, from the downward API)", ""},
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
+      {"vgpu-config-file", "FILE",
+       "vm-vgpu: vGPU profiles to create, in NVIDIA vgpu-device-manager's format (a ConfigMap); applied on every "
+       "pass (only the difference; a vGPU a VM holds is kept until freed), the outcome in the node label "
+       "nvidia.com/vgpu.config.state (pending, success, failed)", "none"},
+      {"vgpu-config", "NAME",
+       "the config of --vgpu-config-file to apply when the node has no nvidia.com/vgpu.config label", "none"},
       {"registration-grace", "MS",
        "how long registration with the kubelet may take (after a start or a kubelet restart) before it is "
        "published as a failure (condition False, Warning event), in milliseconds", "30000"},
@@ -73,6 +80,14 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   auto grace = IntValue(cmd.flags, "registration-grace", "30000", 0, 600000);
   if (!grace.ok()) return grace.status();
   options.registration_grace = std::chrono::milliseconds(*grace);
+  options.vgpu_config_file = cmd.flags.Get("vgpu-config-file");
+  options.vgpu_config = cmd.flags.Get("vgpu-config");
+  if (!options.vgpu_config.empty() && options.vgpu_config_file.empty()) {
+    return absl::InvalidArgumentError("--vgpu-config names a config of --vgpu-config-file, which is not set");
+  }
+  if (!options.vgpu_config_file.empty() && options.serve.workload != Workload::kVmVgpu) {
+    return absl::InvalidArgumentError("--vgpu-config-file applies vGPU profiles: it needs --workload vm-vgpu");
+  }
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
   options.bind.paths.pod_resources_socket = options.serve.paths.pod_resources_socket;
@@ -130,7 +145,8 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
           "Prometheus metrics, the validator's status files and the GPUPassthroughReady node condition and\n"
           "events report the node's state. Refuses a node the GPU Operator still manages. Runs until SIGTERM,\n"
           "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0. With --workload vm-vgpu nothing is bound\n"
-          "or unbound: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type.",
+          "or unbound: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type, and with\n"
+          "--vgpu-config-file the profiles of the config the node label nvidia.com/vgpu.config names are created.",
           RunFlags(), args, out, &cmd)) {
     return *exit;
   }

@@ -21,6 +21,7 @@
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/validation/check.h"
+#include "vfio_gpu_agent/vgpu/apply.h"
 #include "watchers.h"
 
 namespace vfio_agent::daemon {
@@ -72,6 +73,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
         reporter_(std::move(reporter)),
         uevents_(std::move(uevents)),
         names_(options_.serve.pci_ids, options_.serve.domain, options_.serve.overrides),
+        vgpu_catalog_(options_.serve.vgpu_catalog_file),
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;
@@ -149,6 +151,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   absl::Status PassOnce();
   // vm-vgpu: nothing is bound; the plugin serves the vGPUs and readiness is the kubelet's side of them.
   absl::Status PassVgpu(Clock::time_point start);
+  // vm-vgpu with a profile config: one reconcile pass of the config, then its state label and events.
+  void ApplyVgpuProfiles();
+  void PublishVgpuConfig(const std::string& state, kube::EventType type, const std::string& reason,
+                         const std::string& message, bool changed);
   std::optional<Readiness> RefusalNow(const std::vector<std::string>& resource_names);
   // While the node is refused: publishes the refusal and schedules the next check (true); else clears it.
   bool StillRefused(const std::vector<std::string>& resource_names);
@@ -181,6 +187,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   std::unique_ptr<kube::NodeReporter> reporter_;
   std::unique_ptr<UeventSource> uevents_;  // null: none
   const names::NameResolver names_;
+  // The profile applier's view of the SR-IOV catalogs; shared with the plugin's through their file.
+  vgpu::CatalogStore vgpu_catalog_;
   internal::Metrics metrics_;
   internal::HealthServer health_;
   std::unique_ptr<plugin::Agent> agent_;
@@ -210,6 +218,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   std::string kubelet_key_;
   Clock::time_point kubelet_checked_{};
   std::optional<Clock::time_point> settling_since_;
+  std::string vgpu_outcome_;                        // state and message last published, for events on change
+  std::optional<Clock::time_point> vgpu_retry_at_;  // a pending or failed config is tried again then
 
   mutable std::mutex state_mu_;
   std::condition_variable pass_cv_;
@@ -407,6 +417,8 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
   // vGPU names come from the agent's discovery (its catalogs): before it serves, the operator's labels and
   // NVIDIA's own plugin sockets are what tells another manager apart.
   if (refused_ && StillRefused({})) return absl::OkStatus();
+  // Before the plugin's first snapshot, so that it already advertises the vGPUs made now.
+  ApplyVgpuProfiles();
   if (!serving_) {
     if (absl::Status status = agent_->Start(); !status.ok()) return status;
     serving_ = true;
@@ -414,7 +426,87 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
   const plugin::DeviceSnapshot served = agent_->Snapshot();
   PublishDevices(pci::Selection{}, served);
   Conclude(EvaluateVgpu(), start);
+  // A freed vGPU raises nothing the loop waits on (the VM closing its group node is no directory change).
+  if (vgpu_retry_at_) next_pass_ = std::min(next_pass_, *vgpu_retry_at_);
   return absl::OkStatus();
+}
+
+void Daemon::Impl::ApplyVgpuProfiles() {
+  vgpu_retry_at_.reset();
+  if (options_.vgpu_config_file.empty()) return;
+  std::string name = options_.vgpu_config;
+  if (reporter_) {
+    absl::StatusOr<std::map<std::string, std::string>> labels = reporter_->NodeLabels(kLabelsTimeout);
+    if (labels.ok()) {
+      auto it = labels->find(kVgpuConfigLabel);
+      if (it != labels->end() && !it->second.empty()) name = it->second;
+    } else {
+      spdlog::warn("vGPU config: node labels unreadable ({}); using {}", labels.status().ToString(),
+                   name.empty() ? std::string("none") : absl::StrCat("--vgpu-config ", name));
+    }
+  }
+  if (name.empty()) {
+    PublishVgpuConfig("", kube::EventType::kNormal, "", "", false);
+    return;
+  }
+  absl::StatusOr<vgpu::VgpuConfigFile> file = vgpu::LoadVgpuConfig(options_.vgpu_config_file);
+  const vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = &vgpu_catalog_, .new_uuid = {}};
+  const absl::StatusOr<vgpu::ApplyReport> report =
+      file.ok() ? vgpu::ApplyVgpuConfig(apply, *file, name) : absl::StatusOr<vgpu::ApplyReport>(file.status());
+  const std::string what = absl::StrCat("vGPU config '", name, "'");
+  if (!report.ok()) {
+    vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+    PublishVgpuConfig("failed", kube::EventType::kWarning, "VgpuConfigFailed",
+                      absl::StrCat(what, ": ", report.status().message()), false);
+    return;
+  }
+  // Advertised now rather than at the plugin's next rescan.
+  if (report->changed() && serving_) agent_->RescanNow();
+  std::vector<std::string> failed, pending;
+  int created = 0, removed = 0;
+  for (const vgpu::GpuApplyResult& gpu : report->gpus) {
+    created += static_cast<int>(gpu.created.size());
+    removed += static_cast<int>(gpu.removed.size());
+    if (gpu.outcome == vgpu::GpuOutcome::kFailed) failed.emplace_back(gpu.error.message());
+    if (gpu.outcome == vgpu::GpuOutcome::kPendingHeld) {
+      pending.push_back(absl::StrCat("GPU ", gpu.bdf, " waits for a VM to free ", absl::StrJoin(gpu.held, "; ")));
+    }
+  }
+  const std::string state = report->State();
+  if (state != "success") vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+  if (state == "failed") {
+    PublishVgpuConfig(state, kube::EventType::kWarning, "VgpuConfigFailed",
+                      absl::StrCat(what, ": ", absl::StrJoin(failed, "; ")), report->changed());
+  } else if (state == "pending") {
+    PublishVgpuConfig(state, kube::EventType::kNormal, "VgpuConfigPending",
+                      absl::StrCat(what, ": ", absl::StrJoin(pending, "; ")), report->changed());
+  } else {
+    PublishVgpuConfig(state, kube::EventType::kNormal, "VgpuConfigApplied",
+                      absl::StrCat(what, " applied: ", report->gpus.size(), " GPUs as configured",
+                                   report->changed() ? absl::StrCat(" (", created, " vGPUs created, ", removed, " removed)") : ""),
+                      report->changed());
+  }
+}
+
+// The label on every pass (the reporter writes it only when the node lacks it); the event and the log line when
+// the outcome changed, or when the host did.
+void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType type, const std::string& reason,
+                                     const std::string& message, bool changed) {
+  if (state.empty()) {
+    if (vgpu_outcome_ != "none") spdlog::info("vGPU config: none chosen (no {} label, no --vgpu-config)", kVgpuConfigLabel);
+    vgpu_outcome_ = "none";
+    return;
+  }
+  if (reporter_) reporter_->SetLabel(kVgpuConfigStateLabel, state);
+  const std::string outcome = absl::StrCat(state, ":", message);
+  if (outcome == vgpu_outcome_ && !changed) return;
+  vgpu_outcome_ = outcome;
+  if (type == kube::EventType::kWarning) {
+    spdlog::warn("{}", message);
+  } else {
+    spdlog::info("{}", message);
+  }
+  Event(type, reason, "ApplyingVgpuConfig", message);
 }
 
 bool Daemon::Impl::StillRefused(const std::vector<std::string>& resource_names) {

@@ -149,6 +149,15 @@ class NodeReporterImpl final : public NodeReporter {
     cv_.notify_all();
   }
 
+  void SetLabel(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = wanted_labels_.find(key); it != wanted_labels_.end() && it->second == value) return;
+      wanted_labels_[key] = value;
+    }
+    cv_.notify_all();
+  }
+
   void RecordEvent(EventType type, const std::string& reason, const std::string& action,
                    const std::string& note) override {
     const auto now = clock_.WallNow();
@@ -280,9 +289,22 @@ class NodeReporterImpl final : public NodeReporter {
 
   bool ConditionDue() const { return wanted_ && wanted_ != accepted_ && wanted_ != rejected_; }
 
+  // The wanted labels the node does not carry yet (and the API has not refused).
+  std::map<std::string, std::string> LabelsDue() const {
+    std::map<std::string, std::string> due;
+    for (const auto& [key, value] : wanted_labels_) {
+      auto accepted = accepted_labels_.find(key);
+      auto rejected = rejected_labels_.find(key);
+      if (accepted != accepted_labels_.end() && accepted->second == value) continue;
+      if (rejected != rejected_labels_.end() && rejected->second == value) continue;
+      due[key] = value;
+    }
+    return due;
+  }
+
   ReporterStats StatsLocked() const {
     ReporterStats stats = stats_;
-    stats.pending_writes = events_.size() + (ConditionDue() ? 1 : 0);
+    stats.pending_writes = events_.size() + (ConditionDue() ? 1 : 0) + (LabelsDue().empty() ? 0 : 1);
     return stats;
   }
 
@@ -362,7 +384,7 @@ class NodeReporterImpl final : public NodeReporter {
     while (!stopping_) {
       ReportStats(lock);
       if (stopping_) break;
-      const bool work = ConditionDue() || !events_.empty() || HeartbeatDue();
+      const bool work = ConditionDue() || !events_.empty() || !LabelsDue().empty() || HeartbeatDue();
       if (!work) {
         clock_.WaitUntil(cv_, lock, NextHeartbeat());
         continue;
@@ -377,13 +399,15 @@ class NodeReporterImpl final : public NodeReporter {
         continue;
       }
       // The fetched node may already carry the condition.
-      if (!ConditionDue() && events_.empty() && !HeartbeatDue()) continue;
+      if (!ConditionDue() && events_.empty() && LabelsDue().empty() && !HeartbeatDue()) continue;
       if (!TakeWriteToken(now)) {
         clock_.WaitUntil(cv_, lock, NextWriteToken());
         continue;
       }
       if (ConditionDue()) {
         PatchCondition(lock, now, /*heartbeat=*/false);
+      } else if (!LabelsDue().empty()) {
+        PatchLabels(lock, now);
       } else if (!events_.empty()) {
         WriteEvent(lock, now);
       } else {
@@ -419,6 +443,12 @@ class NodeReporterImpl final : public NodeReporter {
     }
     // Already there (a restart in an unchanged state): nothing to write.
     if (stored_ && wanted_ && *stored_ == *wanted_) accepted_ = wanted_;
+    accepted_labels_.clear();
+    if (metadata.contains("labels") && metadata["labels"].is_object()) {
+      for (const auto& [key, value] : wanted_labels_) {
+        if (metadata["labels"].value(key, Json()) == value) accepted_labels_[key] = value;
+      }
+    }
     node_known_ = true;
     Succeeded();
   }
@@ -465,6 +495,37 @@ class NodeReporterImpl final : public NodeReporter {
       }
       rejected_ = sending;
       flushed_cv_.notify_all();
+      return;
+    }
+    Failed(outcome, now);
+  }
+
+  // A merge patch of the node's metadata.labels: no resourceVersion precondition, each label is its own.
+  void PatchLabels(std::unique_lock<std::mutex>& lock, TimePoint now) {
+    const std::map<std::string, std::string> sending = LabelsDue();
+    Json labels = Json::object();
+    for (const auto& [key, value] : sending) labels[key] = value;
+    const Json patch = {{"metadata", {{"labels", labels}}}};
+    lock.unlock();
+    Outcome outcome = Request("PATCH", NodePath(), kMergePatch, Dump(patch), options_.request_timeout);
+    lock.lock();
+    if (outcome.ok()) {
+      for (const auto& [key, value] : sending) accepted_labels_[key] = value;
+      ++stats_.label_patches;
+      Succeeded();
+      return;
+    }
+    if (outcome.failure == Failure::kNotFound) {
+      node_known_ = false;
+      Failed(outcome, now);
+      return;
+    }
+    // RBAC without `patch` on nodes (a passthrough ClusterRole) answers the same until the agent is redeployed.
+    if (outcome.failure == Failure::kRejected || outcome.failure == Failure::kDenied ||
+        outcome.failure == Failure::kForbidden) {
+      spdlog::error("node {}: Kubernetes API refused the node labels, not retrying them: {}", options_.node_name,
+                    outcome.detail);
+      for (const auto& [key, value] : sending) rejected_labels_[key] = value;
       return;
     }
     Failed(outcome, now);
@@ -594,6 +655,9 @@ class NodeReporterImpl final : public NodeReporter {
   std::optional<NodeCondition> rejected_;
   std::optional<NodeCondition> stored_;  // as the node carried it at the last read or accepted patch
   std::optional<std::chrono::system_clock::time_point> stored_heartbeat_;  // its lastHeartbeatTime
+  std::map<std::string, std::string> wanted_labels_;
+  std::map<std::string, std::string> accepted_labels_;  // as the node carries them (of the wanted keys)
+  std::map<std::string, std::string> rejected_labels_;
   std::function<void(const ReporterStats&)> listener_;
   std::optional<ReporterStats> reported_;
   bool node_known_ = false;

@@ -1,5 +1,11 @@
 #include "vfio_gpu_agent/vgpu/catalog.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <vector>
 
@@ -93,13 +99,12 @@ CatalogStore CatalogStore::InMemory() const {
   return copy;
 }
 
-absl::Status CatalogStore::Load() {
-  cards_.clear();
-  if (file_.empty()) return absl::OkStatus();
-  absl::StatusOr<std::string> text = fs::ReadTrimmed(file_);
-  if (absl::IsNotFound(text.status())) return absl::OkStatus();
-  if (!text.ok()) return text.status();
+absl::StatusOr<std::map<CardKey, std::map<int, std::string>>> CatalogStore::ReadFile() const {
   std::map<CardKey, std::map<int, std::string>> cards;
+  if (file_.empty()) return cards;
+  absl::StatusOr<std::string> text = fs::ReadTrimmed(file_);
+  if (absl::IsNotFound(text.status())) return cards;
+  if (!text.ok()) return text.status();
   int number = 0;
   for (std::string_view line : Lines(*text)) {
     ++number;
@@ -111,7 +116,28 @@ absl::Status CatalogStore::Load() {
     }
     cards[entry->first][entry->second.first] = std::move(entry->second.second);
   }
-  cards_ = std::move(cards);
+  return cards;
+}
+
+absl::Status CatalogStore::Load() {
+  cards_.clear();
+  absl::StatusOr<std::map<CardKey, std::map<int, std::string>>> cards = ReadFile();
+  if (!cards.ok()) return cards.status();
+  cards_ = *std::move(cards);
+  return absl::OkStatus();
+}
+
+absl::Status CatalogStore::Refresh() {
+  absl::StatusOr<std::map<CardKey, std::map<int, std::string>>> cards = ReadFile();
+  if (!cards.ok()) return cards.status();
+  for (auto& [file_key, types] : *cards) {
+    const CardKey& key = file_key;
+    const bool other_key = std::any_of(cards_.begin(), cards_.end(), [&key](const auto& known) {
+      return known.first.pf_bdf == key.pf_bdf && !(known.first == key);
+    });
+    if (other_key) continue;
+    cards_[key].merge(types);  // what this store already has wins
+  }
   return absl::OkStatus();
 }
 
@@ -125,7 +151,7 @@ bool CatalogStore::Merge(const CardKey& key, const std::map<int, std::string>& l
       ++it;
     }
   }
-  if (listed.empty()) return changed;
+  // Kept even while empty: the key is what tells Refresh that the file's maps of this PF BDF are stale.
   std::map<int, std::string>& known = cards_[key];
   for (const auto& [id, name] : listed) {
     auto [it, inserted] = known.try_emplace(id, name);
@@ -144,16 +170,34 @@ std::optional<std::string> CatalogStore::Lookup(const CardKey& key, int type_id)
   return type->second;
 }
 
-absl::Status CatalogStore::Save() const {
+std::map<int, std::string> CatalogStore::Types(const CardKey& key) const {
+  auto card = cards_.find(key);
+  return card == cards_.end() ? std::map<int, std::string>() : card->second;
+}
+
+absl::Status CatalogStore::Save() {
   if (file_.empty()) return absl::OkStatus();
-  std::string text = absl::StrCat(kHeader, "\n");
-  for (const auto& [key, types] : cards_) {
-    for (const auto& [id, name] : types) absl::StrAppend(&text, key.ToString(), " ", id, " ", name, "\n");
-  }
   std::error_code ec;
   std::filesystem::create_directories(file_.parent_path(), ec);
   if (ec) return fs::ErrnoStatus(ec.value(), "create directory", file_.parent_path());
-  return fs::WriteFileAtomically(file_, text);
+  // The file itself is replaced by rename, so the lock is a sibling that stays.
+  const std::filesystem::path lock_path = file_.string() + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) return fs::ErrnoStatus(errno, "open", lock_path);
+  absl::Status status;
+  if (::flock(lock, LOCK_EX) != 0) {
+    status = fs::ErrnoStatus(errno, "flock", lock_path);
+  } else {
+    // A malformed file is replaced rather than merged (Load said so when it was read).
+    (void)Refresh();
+    std::string text = absl::StrCat(kHeader, "\n");
+    for (const auto& [key, types] : cards_) {
+      for (const auto& [id, name] : types) absl::StrAppend(&text, key.ToString(), " ", id, " ", name, "\n");
+    }
+    status = fs::WriteFileAtomically(file_, text);
+  }
+  ::close(lock);  // releases the lock
+  return status;
 }
 
 }  // namespace vfio_agent::vgpu

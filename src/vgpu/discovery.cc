@@ -125,6 +125,8 @@ void ReadSriov(const stdfs::path& sysfs_root, const pci::Inventory& inventory, C
     card.functions.push_back(fn.bdf);
   }
   if (cards.empty()) return;
+  // Another store of the file (the plugin's, the profile applier's) may have seen a card before it filled up.
+  if (absl::Status refreshed = catalog.Refresh(); !refreshed.ok()) out.errors.push_back({"", catalog.file(), refreshed});
   absl::StatusOr<std::string> version = fs::ReadTrimmed(sysfs_root / "module/nvidia/version", fs::kMaxAttributeBytes);
   bool changed = false;
   for (auto& [pf_bdf, card] : cards) {
@@ -148,6 +150,7 @@ void ReadSriov(const stdfs::path& sysfs_root, const pci::Inventory& inventory, C
       listed.merge(ParseCreatableTypes(*text));
     }
     changed |= catalog.Merge(card.key, listed);
+    out.cards[pf_bdf] = card.key;
   }
   if (changed) {
     if (absl::Status saved = catalog.Save(); !saved.ok()) out.errors.push_back({"", catalog.file(), saved});

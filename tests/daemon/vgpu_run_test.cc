@@ -13,6 +13,7 @@
 #include "support/wait.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 #include "vgpu/vgpu_tree.h"
+#include "vgpu_daemon.h"
 
 namespace vfio_agent::daemon {
 namespace {
@@ -37,18 +38,8 @@ class VgpuRunTest : public ::testing::Test {
     kubelet_ = std::make_unique<kubeletsim::KubeletSim>(kubelet_options);
     ASSERT_TRUE(kubelet_->Start().ok());
 
-    DaemonOptions options;
-    options.serve.paths.sysfs_root = tree_.root();
-    options.serve.paths.dev_root = dir_.path() / "dev";
-    options.serve.paths.kubelet_dir = kubelet_options.dir;
-    options.serve.paths.pod_resources_socket = kubelet_options.pod_resources_socket;
-    options.serve.udev = false;
-    options.serve.workload = Workload::kVmVgpu;
-    options.serve.vgpu_catalog_file = dir_.path() / "state/vgpu-catalog.txt";
-    options.bind.paths = options.serve.paths;
-    options.health_port = 0;
-    options.metrics_port = 0;
-    options.not_ready_interval = std::chrono::milliseconds(50);
+    const DaemonOptions options =
+        testing::VgpuDaemonOptions(tree_.root(), dir_.path() / "dev", kubelet_options, dir_.path() / "state");
     daemon_ = std::make_unique<Daemon>(options, nullptr);
     ASSERT_TRUE(daemon_->Start().ok());
 

@@ -144,6 +144,36 @@ TEST_F(ReporterTest, ConditionAlreadyOnTheNodeIsNotPatchedAgain) {
   EXPECT_EQ(api_->Count("PATCH", kStatus), 1u);
 }
 
+// nvidia.com/vgpu.config.state: a merge patch of the node's labels, sent only when the node does not carry the
+// value, kept from a restarted agent, and a value the API refuses is not retried.
+TEST_F(ReporterTest, LabelsArePatchedOnlyWhenTheNodeLacksThem) {
+  constexpr char kState[] = "nvidia.com/vgpu.config.state";
+  {
+    auto reporter = Start(OnFakeClock());
+    reporter->SetLabel(kState, "pending");
+    ASSERT_TRUE(KubeApiSim::WaitFor([&] { return (*api_->Node("node-a"))["metadata"]["labels"].value(kState, "") == "pending"; }));
+    reporter->SetLabel(kState, "success");
+    ASSERT_TRUE(KubeApiSim::WaitFor([&] { return reporter->Stats().label_patches == 2; }));
+    EXPECT_EQ((*api_->Node("node-a"))["metadata"]["labels"][kState], "success");
+    reporter->SetLabel(kState, "success");
+    ASSERT_TRUE(WaitForIdle());
+    EXPECT_EQ(api_->Count("PATCH", kNode, "200"), 2u + api_->Count("PATCH", kStatus, "200"));
+    for (const sim::KubeApiRequest& request : api_->Log()) {
+      if (request.method != "PATCH" || request.path != kNode) continue;
+      EXPECT_EQ(request.content_type, "application/merge-patch+json");
+      EXPECT_EQ(request.body["metadata"].size(), 1u) << request.body.dump();  // labels only, no precondition
+    }
+  }
+  auto restarted = Start(OnFakeClock());
+  restarted->SetLabel(kState, "success");
+  restarted->SetLabel("nvidia.com/bad", "not a label value!");
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return api_->Count("PATCH", kNode, "422") == 1; }));
+  ASSERT_TRUE(WaitForIdle());
+  EXPECT_EQ(restarted->Stats().label_patches, 0u);
+  EXPECT_EQ(api_->Count("PATCH", kNode, "422"), 1u);  // not retried
+  EXPECT_EQ(restarted->Stats().pending_writes, 0u);
+}
+
 // In an hour of an unchanged state the API hears the heartbeat alone: 12 PATCHes, each only moving
 // lastHeartbeatTime.
 TEST_F(ReporterTest, SteadyStateSendsOnlyTheHeartbeat) {

@@ -1,5 +1,7 @@
 #include "vfio_gpu_agent/vgpu/discovery.h"
 
+#include <algorithm>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -297,11 +299,38 @@ TEST(CatalogStoreTest, SavesAtomicallyAndLoadsBack) {
   for (const auto& entry : std::filesystem::directory_iterator(file.parent_path())) {
     entries.push_back(entry.path().filename().string());
   }
-  EXPECT_THAT(entries, ElementsAre("vgpu-catalog.txt"));  // no temporary file left behind
+  std::sort(entries.begin(), entries.end());
+  // No temporary file left behind; the lock file stays (the catalog itself is replaced by rename).
+  EXPECT_THAT(entries, ElementsAre("vgpu-catalog.txt", "vgpu-catalog.txt.lock"));
   CatalogStore loaded(file);
   ASSERT_TRUE(loaded.Load().ok());
   EXPECT_EQ(loaded.Lookup(key, 1157), "NVIDIA L40S-4Q");
   EXPECT_EQ(loaded.Lookup({"0000:5e:00.0", 0x10de, 0x26b9, ""}, 1157), std::nullopt);
+}
+
+TEST(CatalogStoreTest, TwoStoresOfOneFileKeepWhatTheOtherSaved) {
+  TempDir dir;
+  const std::filesystem::path file = dir.path() / "state/vgpu-catalog.txt";
+  const CardKey l40s{"0000:3b:00.0", 0x10de, 0x26b9, "550.54.14"};
+  const CardKey h200{"0000:86:00.0", 0x10de, 0x2335, "550.54.14"};
+  CatalogStore plugin(file), applier(file);
+  // The applier saw the L40S while it was empty; the plugin only ever sees it full, but saves another card.
+  applier.Merge(l40s, {{1157, "NVIDIA L40S-4Q"}});
+  ASSERT_TRUE(applier.Save().ok());
+  plugin.Merge(h200, {{1414, "NVIDIA H200X-1-18C"}});
+  ASSERT_TRUE(plugin.Save().ok());
+  EXPECT_EQ(plugin.Lookup(l40s, 1157), "NVIDIA L40S-4Q");
+  CatalogStore restarted(file);
+  ASSERT_TRUE(restarted.Load().ok());
+  EXPECT_EQ(restarted.Lookup(l40s, 1157), "NVIDIA L40S-4Q");
+  EXPECT_EQ(restarted.Lookup(h200, 1414), "NVIDIA H200X-1-18C");
+  ASSERT_TRUE(applier.Refresh().ok());
+  EXPECT_EQ(applier.Lookup(h200, 1414), "NVIDIA H200X-1-18C");
+  // A card this store knows under a new driver version does not take the old version's names back.
+  const CardKey l40s_new{"0000:3b:00.0", 0x10de, 0x26b9, "570.10"};
+  applier.Merge(l40s_new, {{2001, "NVIDIA L40S-4Q"}});
+  ASSERT_TRUE(applier.Refresh().ok());
+  EXPECT_EQ(applier.Lookup(l40s, 1157), std::nullopt);
 }
 
 TEST(CatalogStoreTest, AMalformedFileIsAnErrorNamingPathAndLine) {

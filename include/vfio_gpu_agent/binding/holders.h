@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,5 +29,7 @@ std::vector<Holder> NvidiaHolders(const HostPaths& paths);
 
 // Processes with <dev_root>/vfio/<group> open (a running VM).
 std::vector<Holder> VfioGroupOpeners(const HostPaths& paths, int group);
+// The same for every group at once, by group: one walk of <proc> for many vGPUs.
+std::map<int, std::vector<Holder>> VfioGroupOpenersByGroup(const HostPaths& paths);
 
 }  // namespace vfio_agent::binding

@@ -26,6 +26,12 @@ inline constexpr const char* kOperatorLabels[] = {"nvidia.com/gpu.deploy.sandbox
                                                   "nvidia.com/gpu.deploy.vfio-manager"};
 inline constexpr char kOperatorReason[] = "OperatorStillManagesNode";
 
+// vm-vgpu: the node label that chooses the vGPU profile config (as for NVIDIA's vgpu-device-manager), and the one
+// the agent writes with how applying it went: "pending" (a VM still holds a vGPU the config changes), "success"
+// or "failed" (with a VgpuConfigFailed event naming the device and the reason).
+inline constexpr char kVgpuConfigLabel[] = "nvidia.com/vgpu.config";
+inline constexpr char kVgpuConfigStateLabel[] = "nvidia.com/vgpu.config.state";
+
 struct DaemonOptions {
   binding::BinderOptions bind;  // `only` is set by each pass
   plugin::ServeOptions serve;   // `observer` is set by the daemon
@@ -46,6 +52,12 @@ struct DaemonOptions {
   // Registration in progress (after a start or a kubelet restart) is published as a failure only when it
   // lasts this long; until then the probe says not ready and the API hears nothing.
   std::chrono::milliseconds registration_grace{30000};
+  // vm-vgpu: the profile config file (vgpu-device-manager's format, mounted from a ConfigMap; read on every pass);
+  // "" = profiles are not applied. The config is the node's kVgpuConfigLabel, else `vgpu_config`.
+  std::filesystem::path vgpu_config_file;
+  std::string vgpu_config;
+  // While a change waits for a VM to free its vGPU, or failed, how soon it is tried again.
+  std::chrono::milliseconds vgpu_retry{5000};
   // On Stop, how long the AgentStopped condition may take to reach the API before the plugin deregisters
   // (well inside the pod's termination grace period, 30 s by default).
   std::chrono::milliseconds stop_report_timeout{5000};

@@ -35,11 +35,12 @@ struct ReporterStats {
   uint64_t requests = 0;         // HTTP requests sent to the API server
   uint64_t failures = 0;         // of which failed (transport, 4xx, 5xx)
   uint64_t condition_patches = 0;
+  uint64_t label_patches = 0;
   uint64_t events_created = 0;   // new Event objects
   uint64_t events_updated = 0;   // series updates of an existing Event
   uint64_t events_dropped = 0;   // over the rate limit queue bound
   // Not counters: the writes the API has not accepted yet, in flight included (the node condition when it
-  // differs from the stored one, and each distinct event in the queue). 0 = the API holds what the agent said.
+  // differs from the stored one, the labels when they do, and each distinct event in the queue). 0 = the API holds what the agent said.
   uint64_t pending_writes = 0;
   bool operator==(const ReporterStats&) const = default;
 };
@@ -58,6 +59,10 @@ class NodeReporter {
   // `reason` says what happened (GPUsBound, BindBlocked), `action` what the agent was doing (Binding).
   virtual void RecordEvent(EventType type, const std::string& reason, const std::string& action,
                            const std::string& note) = 0;
+  // Non-blocking. Sets a label of the node (a merge patch of metadata.labels), sent when it differs from what
+  // the node carries; while the API is unreachable the latest value is kept and sent when it returns. A value the
+  // API refuses is not retried (a new value is).
+  virtual void SetLabel(const std::string& key, const std::string& value) = 0;
   // Blocks until the condition last set is stored on the node (or refused), at most `timeout`: for the
   // last word before the agent stops. DeadlineExceeded when it is still pending.
   virtual absl::Status FlushCondition(std::chrono::milliseconds timeout) = 0;

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace vfio_agent::vgpu {
 
@@ -39,20 +40,29 @@ class CatalogStore {
   // Reads the file; a missing one is an empty store. A malformed file is an error naming its path and line (the
   // store then stays empty and the next Save replaces the file).
   absl::Status Load();
+  // Adds what the file holds and this store does not (another store of the same file saved it: the profile
+  // applier reads a card's catalog while it is empty, the plugin may see the card only once it is full). A card
+  // this store knows under another key keeps its own key. A malformed file changes nothing.
+  absl::Status Refresh();
   // Adds what the card lists now to its map. A card seen under a new key (another driver version, another card
   // in the slot) first forgets every map of its PF BDF: those ids mean nothing any more. True when the store
   // changed.
   bool Merge(const CardKey& key, const std::map<int, std::string>& listed);
   std::optional<std::string> Lookup(const CardKey& key, int type_id) const;
-  // Writes the store to a temporary file beside `file` and renames it over `file`, so a crash never leaves a
-  // truncated catalog. No-op without a file.
-  absl::Status Save() const;
+  // Every type id -> name known for the card; empty when none.
+  std::map<int, std::string> Types(const CardKey& key) const;
+  // Refreshes from the file, then writes the store to a temporary file beside `file` and renames it over `file`,
+  // so a crash never leaves a truncated catalog; under an flock(2) of `<file>.lock`, so that two stores of one
+  // file (the plugin's and the profile applier's) never drop what the other saved. No-op without a file.
+  absl::Status Save();
 
   const std::filesystem::path& file() const { return file_; }
   // The same maps, kept in memory only: what a reader that must not write the file (`validate`) discovers with.
   CatalogStore InMemory() const;
 
  private:
+  absl::StatusOr<std::map<CardKey, std::map<int, std::string>>> ReadFile() const;
+
   std::filesystem::path file_;
   std::map<CardKey, std::map<int, std::string>> cards_;
 };

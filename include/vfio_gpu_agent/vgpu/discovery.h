@@ -11,6 +11,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -74,6 +75,7 @@ struct Discovery {
   std::vector<SriovVgpu> vgpus;          // sorted by BDF
   std::vector<UnresolvedVgpu> unresolved;  // sorted by BDF
   std::vector<DeviceError> errors;
+  std::map<std::string, CardKey> cards;    // the SR-IOV cards with VFs on nvidia, by PF BDF (catalog keys)
   // kNone, kMdev or kSriov; FailedPrecondition naming devices of both when the node has mdev parents and SR-IOV
   // vGPUs (one framework per node: NVIDIA supports no mix, and one config cannot describe both).
   absl::StatusOr<Framework> framework = Framework::kNone;
@@ -83,8 +85,8 @@ struct Discovery {
 bool IsMdevUuid(std::string_view text);
 
 // Reads both frameworks. `inventory` must be a scan of the same root with details of vendor 10de (physfn). The
-// catalogs read from the cards are merged into `catalog` (saved when they changed; a failed save is an error of
-// this discovery, the names still resolve from memory). Fails only when <sysfs>/bus/mdev/devices or
+// catalogs read from the cards are merged into `catalog` (refreshed from its file first; saved when they
+// changed; a failed save is an error of this discovery, the names still resolve from memory). Fails only when <sysfs>/bus/mdev/devices or
 // <sysfs>/class/mdev_bus exist but cannot be listed.
 absl::StatusOr<Discovery> Discover(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
                                    CatalogStore& catalog);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
-Serves GET/PATCH nodes/<node>(/status), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
+Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, create, update, delete, validated as kube-apiserver validates them) on
@@ -63,6 +63,7 @@ SLICE_MAX_ATTRIBUTES = 32  # attributes + capacities of one device
 ATTRIBUTE_MAX_STRING = 64
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 NOTE_LIMIT = 1024
 # Who every accepted token belongs to, for RBAC messages: the DaemonSet's ServiceAccount.
 SERVICE_ACCOUNT_USER = "system:serviceaccount:vfio-gpu-agent:vfio-gpu-agent"
@@ -509,12 +510,14 @@ def make_handler(state):
                 raise ApiError(404, "NotFound", f'nodes "{name}" not found')
             if method == "GET":
                 return 200, node
-            if method != "PATCH" or not status:
+            if method != "PATCH":
                 raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
             if content_type not in PATCH_TYPES:
                 raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "patch must be a JSON object")
+            if not status:
+                return self.node_labels(name, node, body)
             wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
             if wanted_rv is not None and wanted_rv != node["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object has been '
@@ -526,6 +529,24 @@ def make_handler(state):
             else:
                 updated = merge_patch(node, patch)
             validate_conditions(updated)
+            updated["metadata"]["resourceVersion"] = state.next_rv()
+            state.nodes[name] = updated
+            return 200, updated
+
+        @staticmethod
+        def node_labels(name, node, body):
+            # The agent patches only metadata.labels of the node itself (nvidia.com/vgpu.config.state); a label is
+            # validated as kube-apiserver validates it, and null deletes it (merge patch).
+            if set(body) != {"metadata"} or set(body["metadata"] or {}) != {"labels"} or \
+                    not isinstance(body["metadata"]["labels"], dict):
+                raise ApiError(422, "Invalid", f'Node "{name}" is invalid: only metadata.labels may be patched here')
+            for key, value in body["metadata"]["labels"].items():
+                if value is not None and (not isinstance(value, str) or not LABEL_VALUE.fullmatch(value)):
+                    raise ApiError(422, "Invalid", f'Node "{name}" is invalid: metadata.labels: Invalid value: '
+                                                   f'"{value}": a valid label must be an empty string or consist of '
+                                                   "alphanumeric characters, '-', '_' or '.', and must start and end "
+                                                   "with an alphanumeric character (at most 63)")
+            updated = merge_patch(node, {"metadata": {"labels": body["metadata"]["labels"]}})
             updated["metadata"]["resourceVersion"] = state.next_rv()
             state.nodes[name] = updated
             return 200, updated

@@ -1,0 +1,153 @@
+// `run --workload vm-vgpu --vgpu-config-file` in process, on the FUSE simulator's mdev node under the kubelet
+// simulator and the fake API server: the node label picks the config, the agent creates its vGPUs and advertises
+// them, writes nvidia.com/vgpu.config.state, keeps a vGPU a VM holds (pending) and finishes the change by itself
+// once the VM lets go.
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kube_api_sim.h"
+#include "kubelet_sim.h"
+#include "sim_process.h"
+#include "support/fuse.h"
+#include "support/holding_process.h"
+#include "support/sysfs_tree.h"
+#include "support/wait.h"
+#include "vfio_gpu_agent/daemon/daemon.h"
+#include "vfio_gpu_agent/kube/node_reporter.h"
+#include "vgpu/profile_configs.h"
+#include "vgpu_daemon.h"
+
+namespace vfio_agent::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+class VgpuConfigRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!vfio_agent::testing::FuseAvailable()) GTEST_SKIP() << vfio_agent::testing::kNeedsFuse;
+    if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+    auto sysfs = sim::SimProcess::Start(sim::NodeFile("vgpu-mdev-t4-a10.json"), dir_.path() / "root");
+    ASSERT_TRUE(sysfs.ok()) << sysfs.status();
+    sysfs_ = *std::move(sysfs);
+    auto api = sim::KubeApiSim::Start(dir_.path());
+    ASSERT_TRUE(api.ok()) << api.status();
+    api_ = *std::move(api);
+    std::ofstream(dir_.path() / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
+  }
+
+  void Label(const std::string& config) {
+    const std::string labels = config.empty() ? "{}" : "{\"" + std::string(kVgpuConfigLabel) + "\": \"" + config + "\"}";
+    ASSERT_TRUE(api_->Control("node node-a " + labels).ok());
+  }
+
+  void StartDaemon(const std::string& default_config) {
+    kubeletsim::Options kubelet_options;
+    kubelet_options.dir = dir_.path() / "device-plugins";
+    kubelet_options.pod_resources_socket = dir_.path() / "pod-resources.sock";
+    kubelet_ = std::make_unique<kubeletsim::KubeletSim>(kubelet_options);
+    ASSERT_TRUE(kubelet_->Start().ok());
+
+    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
+    ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+    auto reporter = kube::ConnectNodeReporter({.kubeconfig = *kubeconfig, .service_account_dir = {}, .node_name = "node-a"});
+    ASSERT_TRUE(reporter.ok()) << reporter.status();
+
+    DaemonOptions options =
+        testing::VgpuDaemonOptions(sysfs_->sysfs_root(), sysfs_->dev_root(), kubelet_options, dir_.path() / "state");
+    options.vgpu_config_file = dir_.path() / "vgpu-config.yaml";
+    options.vgpu_config = default_config;
+    options.vgpu_retry = std::chrono::milliseconds(100);
+    daemon_ = std::make_unique<Daemon>(options, *std::move(reporter));
+    ASSERT_TRUE(daemon_->Start().ok());
+  }
+
+  bool WaitAllocatable(const std::string& resource, int count) {
+    return kubelet_->WaitFor(
+        [&](const kubeletsim::KubeletSim& k) {
+          auto resources = k.Resources();
+          auto it = resources.find(resource);
+          return it != resources.end() && it->second.registered && it->second.allocatable == count;
+        },
+        std::chrono::seconds(30));
+  }
+
+  std::string StateLabel() {
+    absl::StatusOr<nlohmann::json> node = api_->Node("node-a");
+    if (!node.ok()) return "";
+    return (*node)["metadata"]["labels"].value(kVgpuConfigStateLabel, "");
+  }
+
+  bool WaitState(const std::string& state) {
+    return sim::KubeApiSim::WaitFor([&] { return StateLabel() == state; });
+  }
+
+  // The first event of `reason`; null when there is none.
+  nlohmann::json EventOf(const std::string& reason) {
+    absl::StatusOr<nlohmann::json> events = api_->Events();
+    if (!events.ok()) return nullptr;
+    for (const nlohmann::json& event : *events) {
+      if (event.value("reason", "") == reason) return event;
+    }
+    return nullptr;
+  }
+
+  bool WaitEvent(const std::string& reason) {
+    return sim::KubeApiSim::WaitFor([&] { return !EventOf(reason).is_null(); });
+  }
+
+  vfio_agent::testing::TempDir dir_{"va-vgpu-config"};
+  std::unique_ptr<sim::SimProcess> sysfs_;
+  std::unique_ptr<sim::KubeApiSim> api_;
+  std::unique_ptr<kubeletsim::KubeletSim> kubelet_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(VgpuConfigRunTest, TheNodeLabelPicksTheConfigAndAHeldVgpuIsChangedOnceItsVmEnds) {
+  Label("t4-1q-2");
+  StartDaemon("t4-2q-10");  // the label wins over --vgpu-config
+  ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-1Q", 2));
+  ASSERT_TRUE(WaitState("success")) << StateLabel();
+  ASSERT_TRUE(WaitEvent("VgpuConfigApplied"));
+  EXPECT_THAT(EventOf("VgpuConfigApplied").value("note", ""), HasSubstr("vGPU config 't4-1q-2' applied"));
+
+  // A VM runs on one of the two vGPUs: the mdevs' group nodes are the only numbered ones on this node.
+  std::string group;
+  for (const auto& entry : std::filesystem::directory_iterator(sysfs_->dev_root() / "vfio")) {
+    const std::string name = entry.path().filename().string();
+    if (name != "vfio" && name != "devices") group = name;
+  }
+  ASSERT_FALSE(group.empty());
+  auto vm = std::make_unique<vfio_agent::testing::HoldingProcess>(sysfs_->dev_root() / "vfio" / group);
+
+  Label("t4-2q-2");
+  daemon_->ReconcileNow();
+  ASSERT_TRUE(WaitState("pending")) << StateLabel();
+  ASSERT_TRUE(WaitEvent("VgpuConfigPending"));
+  const std::string note = EventOf("VgpuConfigPending").value("note", "");
+  EXPECT_THAT(note, HasSubstr("GPU 0000:3b:00.0 waits for a VM to free"));
+  EXPECT_THAT(note, HasSubstr("pid " + std::to_string(vm->pid())));
+  EXPECT_TRUE(std::filesystem::exists(sysfs_->dev_root() / "vfio" / group));  // never removed under the VM
+
+  vm.reset();  // the VM ends; nothing else tells the agent
+  ASSERT_TRUE(WaitState("success")) << StateLabel();
+  ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-2Q", 2));
+}
+
+TEST_F(VgpuConfigRunTest, AFailureIsTheStateLabelAndAWarningNamingTheDeviceAndTheReason) {
+  StartDaemon("t4-2q-10");  // no label: --vgpu-config; a T4 holds 8 T4-2Q
+  ASSERT_TRUE(WaitState("failed")) << StateLabel();
+  ASSERT_TRUE(WaitEvent("VgpuConfigFailed"));
+  const nlohmann::json event = EventOf("VgpuConfigFailed");
+  EXPECT_EQ(event.value("type", ""), "Warning");
+  EXPECT_THAT(event.value("note", ""), HasSubstr("GPU 0000:3b:00.0: create T4-2Q on 0000:3b:00.0"));
+  EXPECT_THAT(event.value("note", ""), HasSubstr("Too many users"));
+  // What fits is made and advertised all the same.
+  EXPECT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-2Q", 8));
+}
+
+}  // namespace
+}  // namespace vfio_agent::daemon
