@@ -1,8 +1,8 @@
 #!/bin/bash
 # Configures and builds one flavour into build/<flavour>: release (default), asan or tsan.
 #   release  gcc, RelWithDebInfo, gRPC/protobuf/abseil static: the shipped agent, the simulators, the benchmarks
-#   asan     clang, ASan+UBSan, -O0 with line tables (what the fuzz targets exercise -O1), and libFuzzer's
-#            coverage instrumentation on every object: the same objects link the tests and the libFuzzer targets
+#   asan     clang, ASan+UBSan, -O0 with line tables (what the fuzz targets exercise -O1, with libFuzzer's
+#            coverage instrumentation): the same objects link the tests and the libFuzzer targets
 #            (tests/fuzz, scripts/fuzz.sh); no benchmarks
 #   tsan     gcc, Debug, TSan (scripts/tsan-test.sh)
 # A directory configured with other settings (e.g. a gcc build/asan from before) is started afresh.

@@ -14,7 +14,6 @@ namespace {
 
 using cluster::MakeCheck;
 
-constexpr char kPciPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
 constexpr char kGatesPath[] = "spec.configuration.developerConfiguration.featureGates";
 constexpr char kAddEntryFix[] =
     "Cozystack: add the output of `vfio-gpu-agent kubevirt-config` to the platform values "
@@ -45,7 +44,7 @@ std::string EntryText(const PciHostDeviceEntry& entry) {
 }
 
 Evidence EntryEvidence(const KubevirtCr& cr, const PciHostDeviceEntry& entry) {
-  return {absl::StrCat(CrName(cr), " ", kPciPath, "[", entry.index, "]"), EntryText(entry)};
+  return {absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath, "[", entry.index, "]"), EntryText(entry)};
 }
 
 // What the node advertises now (the expected snapshot) and what it will once every selected GPU is bound.
@@ -80,7 +79,7 @@ void CheckPermitted(const KubevirtCr& cr, const NodeNames& node_names, std::vect
                              "not checked: this node has no GPU to advertise (see layer 2)"));
     return;
   }
-  const std::string cr_source = absl::StrCat(CrName(cr), " ", kPciPath);
+  const std::string cr_source = absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath);
   for (const auto& [name, selectors] : node_names.selectors_of) {
     std::vector<const PciHostDeviceEntry*> entries;
     for (const auto& entry : cr.pci_host_devices) {
@@ -197,7 +196,7 @@ void CheckDuplicateSelectors(const KubevirtCr& cr, std::vector<Check>* out) {
   if (!any) {
     out->push_back(MakeCheck("kubevirt.duplicate_selector", Layer::kKubevirt, "node", Result::kPass,
                              "no pciVendorSelector is listed twice",
-                             {{absl::StrCat(CrName(cr), " ", kPciPath),
+                             {{absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath),
                                absl::StrCat(cr.pci_host_devices.size(), " entries")}}));
   }
 }
@@ -224,7 +223,7 @@ void CheckNameMismatch(const KubevirtCr& cr, const NodeNames& node_names, std::v
   if (!any) {
     out->push_back(MakeCheck("kubevirt.name_mismatch", Layer::kKubevirt, "node", Result::kPass,
                              "every entry for this node's device ids names what the node advertises",
-                             {{absl::StrCat(CrName(cr), " ", kPciPath),
+                             {{absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath),
                                absl::StrCat(cr.pci_host_devices.size(), " entries")}}));
   }
 }

@@ -10,6 +10,8 @@
 
 namespace vfio_agent::validation::internal {
 
+inline constexpr char kPciHostDevicesPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
+
 // "kubevirt <namespace>/<name>", the evidence's source prefix.
 std::string CrName(const KubevirtCr& cr);
 

@@ -39,8 +39,7 @@ using internal::CrName;
 
 constexpr Layer kKubevirtLayer = Layer::kKubevirt;
 constexpr char kMdevPath[] = "spec.configuration.permittedHostDevices.mediatedDevices";
-constexpr char kPciPath[] = "spec.configuration.permittedHostDevices.pciHostDevices";
-constexpr char kAddEntryFix[] =
+constexpr char kAddVgpuEntryFix[] =
     "Apply the merge patch `vfio-gpu-agent kubevirt-config --workload vm-vgpu` prints (`kubectl patch kubevirt -n "
     "kubevirt kubevirt --type merge --patch-file <file>`), with the entries the CR has for other nodes added to its "
     "lists.";
@@ -98,7 +97,7 @@ void CheckMdev(const KubevirtCr& cr, const std::string& name, const VgpuResource
     out->push_back(check.Fail(
         absl::StrCat(name, " is not permitted as a mediated device: KubeVirt rejects VMs asking for it, and "
                            "virt-handler may remove the ", type, " mdevs as undesired"),
-        kAddEntryFix));
+        kAddVgpuEntryFix));
     return;
   }
   const MediatedDeviceEntry* match = nullptr;
@@ -129,7 +128,7 @@ void CheckMdev(const KubevirtCr& cr, const std::string& name, const VgpuResource
 void CheckSriov(const KubevirtCr& cr, const std::string& name, const VgpuResource& resource,
                 std::vector<Check>* out) {
   CheckBuilder check("kubevirt.permitted", kKubevirtLayer, name);
-  const std::string source = absl::StrCat(CrName(cr), " ", kPciPath);
+  const std::string source = absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath);
   std::vector<const PciHostDeviceEntry*> entries;
   for (const PciHostDeviceEntry& entry : cr.pci_host_devices) {
     if (entry.resource_name == name) entries.push_back(&entry);
@@ -140,7 +139,7 @@ void CheckSriov(const KubevirtCr& cr, const std::string& name, const VgpuResourc
                           : "permittedHostDevices absent");
     out->push_back(check.Fail(absl::StrCat(name, " is not permitted: KubeVirt rejects VMs asking for it (\"not "
                                            "permitted in permittedHostDevices configuration\")"),
-                              kAddEntryFix));
+                              kAddVgpuEntryFix));
     return;
   }
   std::vector<std::string> internal;
