@@ -31,7 +31,9 @@ void BuildNode(SysfsTree& tree, Framework framework, bool with_vgpus) {
   const std::vector<testing::FakeVgpuType> catalog = {{1155, "NVIDIA L40S-1Q"}, {1157, "NVIDIA L40S-4Q"}};
   int group = 1;
   for (int gpu = 0; gpu < kGpus; ++gpu) {
-    tree.AddDevice({.bdf = Pf(gpu), .device = framework == kMdev ? 0x1eb8 : 0x26b9, .driver = "nvidia",
+    tree.AddDevice({.bdf = Pf(gpu),
+                    .device = static_cast<uint16_t>(framework == kMdev ? 0x1eb8 : 0x26b9),
+                    .driver = "nvidia",
                     .iommu_group = group++});
     if (framework == kMdev) {
       tree.AddMdevParent(Pf(gpu), {{.id = "nvidia-222", .name = "GRID T4-1Q", .available_instances = 32, .description = ""},
