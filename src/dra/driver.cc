@@ -19,6 +19,7 @@
 #include "health.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 
@@ -37,6 +38,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOn(const std::filesystem::pat
   if (absl::Status free = ClaimSocketPath(socket); !free.ok()) return free;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, kSyncPollerTimeoutMs);
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::UnavailableError(absl::StrCat("cannot serve on ", socket.string()));
