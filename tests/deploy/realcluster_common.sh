@@ -17,9 +17,10 @@ failed=0
 expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; fi; }
 # wait_for COMMAND...: until it succeeds, 30 s at most (the other side is waited for, never slept for).
 wait_for() { for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done; return 1; }
-# in_kubelet_ns PROGRAM ARGS...: in the kubelet's mount namespace, where it sees the FUSE node. nsenter execs the
-# program (no --fork), so $! of a background call is the program's own pid.
-in_kubelet_ns() { nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$@"; }
+# in_kubelet_ns PROGRAM ARGS... &: in the kubelet's mount namespace, where it sees the FUSE node. Background calls
+# only: exec replaces the subshell `&` makes, and nsenter execs the program (no --fork), so $! is the program's own
+# pid (a signal to it reaches the program, not a shell around it).
+in_kubelet_ns() { exec nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$@"; }
 
 # start_sim NODE_FILE: sysfs-sim of tests/sim/nodes/NODE_FILE at $TMP/node, its pid in $sim.
 start_sim() {

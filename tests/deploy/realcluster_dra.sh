@@ -56,8 +56,9 @@ grep -E "$DRIVER|NodeWatchResources|DRAResourceHealth" "$TMP/kubelet.log" | cut 
 health_errors=$(grep -cE "NodeWatchResources.*(rror|Unimplemented)|Unimplemented.*NodeWatchResources" "$TMP/kubelet.log")
 expect "no health-stream error in the kubelet's log ($health_errors)" [ "$health_errors" = 0 ]
 echo "== SIGTERM"
+start=$(date +%s%N)
 kill -TERM "$agent"; wait "$agent"; code=$?; agent=
-expect "agent exit code 0 ($code)" [ "$code" = 0 ]
+expect "agent exit code 0 ($code, $(( ($(date +%s%N) - start) / 1000000 )) ms after SIGTERM)" [ "$code" = 0 ]
 echo "== what the API holds"
 K get resourceslices --field-selector "spec.nodeName=$NODE" -o wide 2>&1 | sed 's/^/   /'
 K get resourceslices --field-selector "spec.nodeName=$NODE" -o jsonpath='{.items[0].spec.devices[0]}' | cut -c1-400 | sed 's/^/   device: /'; echo
