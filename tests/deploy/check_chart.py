@@ -32,8 +32,9 @@ import check_manifests as cm  # noqa: E402
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version")
-VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml", "values-dra.yaml", "values-vgpu.yaml")
-NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml", "values-dra.yaml", "values-vgpu.yaml")
+VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml", "values-dra.yaml", "values-vgpu.yaml",
+            "values-label.yaml")
+NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml", "values-dra.yaml", "values-vgpu.yaml", "values-label.yaml")
 SCHEMA_MESSAGE = "values don't meet the specifications of the schema"
 
 # kustomize dir -> the helm template arguments scripts/render-manifests.sh renders it with
@@ -139,6 +140,7 @@ def cmd_schema(c, args):
         (["--set", "cdi.enabled=yes"], "/cdi/enabled", "want boolean"),
         (["--set", "workloadMode=vm-mig"], "/workloadMode", "value must be"),
         (["--set", "workloadMode=vm-vgpu", "--set", "nvswitches=true"], "", "'allOf' failed"),
+        (["--set", "workloadMode=label", "--set", "fabricManager.address=unix:/run/fm.sock"], "", "'allOf' failed"),
         (["--set", "vgpu.configMap=Profiles"], "/vgpu/configMap", "does not match pattern"),
         (["--set", "kubeletApi=grpc"], "/kubeletApi", "value must be"),
         (["--set", "dra.driverName=GPU_Driver"], "/dra/driverName", "does not match pattern"),
@@ -186,7 +188,8 @@ def cmd_render(c, args):
 
     own = {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False}
     for variant in VARIANTS:
-        spec = dict(own, dra=variant == "values-dra.yaml", vgpu=variant == "values-vgpu.yaml")
+        spec = dict(own, dra=variant == "values-dra.yaml", vgpu=variant == "values-vgpu.yaml",
+                    label_mode=variant == "values-label.yaml")
         if variant == "values-cozystack.yaml":
             spec.update(namespace="cozy-gpu-operator", owns_namespace=False)
         docs = render(variant, ["-f", variant], spec)
@@ -198,7 +201,8 @@ def cmd_render(c, args):
     for role in NODE_ROLES:
         render(f"cozystack+{role}", ["-f", "values-cozystack.yaml", "-f", role],
                {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False,
-                "dra": role == "values-dra.yaml", "vgpu": role == "values-vgpu.yaml"})
+                "dra": role == "values-dra.yaml", "vgpu": role == "values-vgpu.yaml",
+                "label_mode": role == "values-label.yaml"})
 
     # A namespace of one's own: every namespaced object, the binding's subject and the policy's CEL follow it.
     docs = render("namespace gpu-system", ["--set", "namespace.name=gpu-system"],

@@ -209,7 +209,7 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
                         named.update((g, r, v, n) for n in rule["resourceNames"])
                     else:
                         granted.add((g, r, v))
-    needed = RBAC_NEEDED | (RBAC_NEEDED_DRA if spec.get("dra") else set()) | (RBAC_NEEDED_VGPU if spec.get("vgpu") else set())
+    needed = RBAC_NEEDED | (RBAC_NEEDED_DRA if spec.get("dra") else set()) | (RBAC_NEEDED_VGPU if serves_vgpu(spec) else set())
     c.check(granted == needed,
             f"{where} ClusterRole grants {sorted(granted - needed)} beyond what run needs and lacks {sorted(needed - granted)}")
     c.check(named == RBAC_NAMED,
@@ -225,9 +225,17 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     # DaemonSet scheduling and lifecycle
     pod = ds["spec"]["template"]["spec"]
     c.check(pod.get("serviceAccountName") == sa["metadata"]["name"], f"{where} pod serviceAccountName {pod.get('serviceAccountName')}")
-    mode = "vm-vgpu" if spec.get("vgpu") else "vm-passthrough"
-    c.check(pod.get("nodeSelector") == {"nvidia.com/gpu.workload.config": mode},
-            f"{where} nodeSelector {pod.get('nodeSelector')}")
+    if spec.get("label_mode"):
+        # Both label values, so that a node whose label flips keeps its agent.
+        terms = pod.get("affinity", {}).get("nodeAffinity", {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms")
+        c.check(not pod.get("nodeSelector") and terms == [{"matchExpressions": [
+                    {"key": "nvidia.com/gpu.workload.config", "operator": "In", "values": ["vm-passthrough", "vm-vgpu"]}]}],
+                f"{where} label mode: nodeSelector {pod.get('nodeSelector')}, node affinity terms {terms}")
+    else:
+        mode = "vm-vgpu" if spec.get("vgpu") else "vm-passthrough"
+        c.check(pod.get("nodeSelector") == {"nvidia.com/gpu.workload.config": mode},
+                f"{where} nodeSelector {pod.get('nodeSelector')}")
     tolerated = {(t.get("key"), t.get("operator"), t.get("effect")) for t in pod.get("tolerations", [])}
     for effect in ("NoSchedule", "NoExecute"):
         c.check(("nvidia.com/gpu", "Exists", effect) in tolerated, f"{where} no toleration of nvidia.com/gpu:{effect}")
@@ -296,7 +304,7 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
         want_paths.update(CDI_HOST_PATHS)
     if spec.get("dra"):
         want_paths.update(DRA_HOST_PATHS)
-    if spec.get("vgpu"):
+    if serves_vgpu(spec):
         want_paths.update(VGPU_HOST_PATHS)
     volumes = {v["name"]: v for v in pod.get("volumes", []) if not is_vgpu_config(spec, v)}
     got_paths = {}
@@ -354,9 +362,14 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     c.check("cpu" not in res.get("limits", {}), f"{where} CPU limit: throttling would delay Allocate")
 
 
+def serves_vgpu(spec):
+    """workloadMode vm-vgpu, or label (the node label may turn the node vm-vgpu under the running agent)."""
+    return bool(spec.get("vgpu") or spec.get("label_mode"))
+
+
 def is_vgpu_config(spec, volume):
     """The one volume that is not a hostPath: a vGPU node's profiles ConfigMap."""
-    return bool(spec.get("vgpu")) and "configMap" in volume
+    return serves_vgpu(spec) and "configMap" in volume
 
 
 def check_vgpu(c, where, spec, ctr, pod, mount_paths, defaults):
@@ -364,10 +377,11 @@ def check_vgpu(c, where, spec, ctr, pod, mount_paths, defaults):
     still names the vGPUs of full SR-IOV cards), and its profiles config, when given, from a read-only ConfigMap;
     the others run vm-passthrough."""
     workload = agent_setting(ctr, "--workload", defaults) or "vm-passthrough"
-    if not spec.get("vgpu"):
+    if not serves_vgpu(spec):
         c.check(workload == "vm-passthrough", f"{where} --workload {workload} outside the vGPU overlay")
         return
-    c.check(workload == "vm-vgpu", f"{where} the vGPU overlay runs --workload {workload}")
+    want = "vm-passthrough" if spec.get("label_mode") else "vm-vgpu"
+    c.check(workload == want, f"{where} runs --workload {workload}, want {want}")
     state = agent_setting(ctr, "--state-dir", defaults)
     c.check(state is not None and under(state, mount_paths), f"{where} --state-dir={state} is on no hostPath mount")
     config = agent_setting(ctr, "--vgpu-config-file", defaults)
