@@ -85,9 +85,6 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   if (!options.vgpu_config.empty() && options.vgpu_config_file.empty()) {
     return absl::InvalidArgumentError("--vgpu-config names a config of --vgpu-config-file, which is not set");
   }
-  if (!options.vgpu_config_file.empty() && options.serve.workload != Workload::kVmVgpu) {
-    return absl::InvalidArgumentError("--vgpu-config-file applies vGPU profiles: it needs --workload vm-vgpu");
-  }
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
   options.bind.paths.pod_resources_socket = options.serve.paths.pod_resources_socket;
@@ -141,12 +138,16 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
           "run",
           "The DaemonSet's job. One loop owns the node: every selected GPU (with its group's companions) is\n"
           "bound to its vfio driver and kept there (failed binds retried with backoff, 1 s doubling to 5 min;\n"
-          "nothing is ever unbound), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
+          "unbound only when the node turns vm-vgpu), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
           "Prometheus metrics, the validator's status files and the GPUPassthroughReady node condition and\n"
           "events report the node's state. Refuses a node the GPU Operator still manages. Runs until SIGTERM,\n"
           "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0. With --workload vm-vgpu nothing is bound\n"
           "or unbound: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type, and with\n"
-          "--vgpu-config-file the profiles of the config the node label nvidia.com/vgpu.config names are created.",
+          "--vgpu-config-file the profiles of the config the node label nvidia.com/vgpu.config names are created.\n"
+          "The mode is the node label nvidia.com/gpu.workload.config (vm-passthrough or vm-vgpu), --workload\n"
+          "while the node has none or there is no API. A label change is carried out without a restart: GPUs no\n"
+          "VM holds move to the other driver (vfio-pci <-> nvidia), the advertised resources change; a GPU a VM\n"
+          "holds moves once the VM ends. Any other label value: a Warning event, the mode stays.",
           RunFlags(), args, out, &cmd)) {
     return *exit;
   }
