@@ -445,7 +445,7 @@ absl::Status Daemon::Impl::PassOnce() {
 
   KeepHeldVgpuParents(*inventory, selection);
   const bool attempted = BindDue(*inventory, selection);
-  ReportModeChange("whole GPUs bound to vfio-pci and advertised");
+  ReportModeChange("whole-GPU resources advertised; GPUsBound and BindFailed name the GPUs as they move to vfio-pci");
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
     if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;

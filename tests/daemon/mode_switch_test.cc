@@ -20,7 +20,6 @@ namespace {
 
 using plugin::testing::Node;
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 constexpr char kGpuA[] = "0000:3b:00.0";  // IOMMU group 33
 constexpr char kGpuB[] = "0000:86:00.0";
@@ -221,20 +220,21 @@ TEST_F(ModeSwitchTest, AGpuAssignedToAPodStaysAndTheConditionNamesThePod) {
 }
 
 TEST_F(ModeSwitchTest, AnUnknownLabelValueIsAWarningAndTheModeStays) {
-  Label("vm-passthrough", true);
+  // vm-vgpu from the label, --workload saying vm-passthrough: staying means neither taking the flag's mode.
+  Label("vm-vgpu", true);
   StartDaemon(Workload::kVmPassthrough);
-  ASSERT_TRUE(WaitDrivers("vfio-pci"));
-  ASSERT_TRUE(WaitA10(2));
+  ASSERT_TRUE(WaitCondition([](const nlohmann::json& c) { return c.value("reason", "") == "NoSelectedDevices"; }))
+      << Condition().dump();
 
   Label("container");  // the GPU Operator's value for container workloads
   ASSERT_TRUE(WaitNote("WorkloadModeUnknown", "nvidia.com/gpu.workload.config=container is not a mode this agent serves"));
-  EXPECT_THAT(Notes("WorkloadModeUnknown").front(), HasSubstr("staying in vm-passthrough"));
+  EXPECT_THAT(Notes("WorkloadModeUnknown").front(), HasSubstr("staying in vm-vgpu"));
   daemon_->ReconcileNow();
-  EXPECT_EQ(DriverOf(*node_, kGpuA), "vfio-pci");
-  EXPECT_EQ(DriverOf(*node_, kGpuB), "vfio-pci");
-  EXPECT_TRUE(WaitA10(2));
+  EXPECT_EQ(DriverOf(*node_, kGpuA), "nvidia");
+  EXPECT_EQ(DriverOf(*node_, kGpuB), "nvidia");
+  EXPECT_FALSE(node_->kubelet().Resources().contains(kA10));
   EXPECT_TRUE(Notes("WorkloadModeChanged").empty());
-  EXPECT_THAT(Condition().value("reason", ""), Not(HasSubstr("Switch")));
+  EXPECT_EQ(Condition().value("reason", ""), "NoSelectedDevices");
 }
 
 }  // namespace
