@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kube_api_sim.h"
+#include "passthrough_daemon.h"
 #include "run_harness.h"
 #include "support/fuse.h"
 #include "support/holding_process.h"
@@ -55,17 +56,9 @@ class ModeSwitchTest : public ::testing::Test {
     ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
     auto reporter = kube::ConnectNodeReporter({.kubeconfig = *kubeconfig, .service_account_dir = {}, .node_name = "node-a"});
     ASSERT_TRUE(reporter.ok()) << reporter.status();
-    DaemonOptions options;
-    options.serve = node_->options;
-    options.serve.paths.pod_resources_socket = PodResourcesSocket(*node_);
+    DaemonOptions options = PassthroughDaemonOptions(*node_);
     options.serve.workload = flag;
     options.serve.vgpu_catalog_file = dir_.path() / "vgpu-catalog.txt";
-    options.bind.paths = options.serve.paths;
-    // Deadlines a loaded machine meets: a miss would be a failed move, not what these tests look at.
-    options.bind.write_timeout = absl::Seconds(30);
-    options.bind.devnode_wait = absl::Seconds(30);
-    options.health_port = 0;
-    options.metrics_port = 0;
     options.not_ready_interval = std::chrono::milliseconds(50);
     options.workload_label_interval = std::chrono::milliseconds(50);
     options.mode_retry = std::chrono::milliseconds(50);
