@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -164,7 +165,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
 
   void Loop();
   const absl::StatusOr<Labels>& PassLabels();
-  // Between passes: whether kWorkloadLabel differs from the value last acted on.
+  // Between passes, every workload_label_interval: whether kWorkloadLabel differs from the value last acted on.
   bool WorkloadLabelChanged();
   // At the start of a pass: the mode kWorkloadLabel (else --workload) asks for, switched to when it differs.
   void FollowWorkloadLabel();
@@ -260,6 +261,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   std::optional<Clock::time_point> vgpu_retry_at_;  // a pending or failed config is tried again then
   // The node's labels, read at most once a pass (coexistence, workload mode, vGPU config); reset by each pass.
   std::optional<absl::StatusOr<Labels>> pass_labels_;
+  std::optional<absl::StatusOr<Labels>> polled_labels_;  // read between passes, with a changed workload label
   Clock::time_point next_label_check_{};
   std::optional<std::string> workload_label_;  // kWorkloadLabel's value last acted on ("" = none)
   bool workload_labels_error_logged_ = false;
@@ -423,8 +425,9 @@ absl::Status Daemon::Impl::Pass() {
 
 absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
-  pass_labels_.reset();
-  FollowWorkloadLabel();
+  // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
+  pass_labels_ = std::exchange(polled_labels_, std::nullopt);
+  if (reporter_ && (pass_labels_ || Clock::now() >= next_label_check_)) FollowWorkloadLabel();
   if (options_.serve.workload == Workload::kVmVgpu) return PassVgpu(start);
   const HostPaths& paths = options_.serve.paths;
   const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};
@@ -572,8 +575,10 @@ const absl::StatusOr<Labels>& Daemon::Impl::PassLabels() {
 
 bool Daemon::Impl::WorkloadLabelChanged() {
   next_label_check_ = Clock::now() + options_.workload_label_interval;
-  const absl::StatusOr<Labels> labels = reporter_->NodeLabels(kLabelsTimeout);
-  return labels.ok() && WorkloadLabelOf(*labels) != workload_label_;
+  absl::StatusOr<Labels> labels = reporter_->NodeLabels(kLabelsTimeout);
+  if (!labels.ok() || WorkloadLabelOf(*labels) == workload_label_) return false;
+  polled_labels_ = std::move(labels);  // the pass this starts reads them from here
+  return true;
 }
 
 void Daemon::Impl::FollowWorkloadLabel() {
