@@ -164,6 +164,12 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   void Beat() { heartbeat_.store(Clock::now().time_since_epoch().count()); }
 
   void Loop();
+  // --device narrows the node to those functions' IOMMU groups; empty = every group.
+  std::set<int> AllowedGroups(const pci::Inventory& inventory) const;
+  // Whether the device's last bind (or unbind, in vm-vgpu) failed and its backoff has not expired yet.
+  bool BackingOff(const std::string& bdf, Clock::time_point now) const;
+  // After a failed bind or unbind: the device's next attempt, 1 s doubling to max_backoff. The delay.
+  milliseconds BackOff(const std::string& bdf);
   const absl::StatusOr<Labels>& PassLabels();
   // Between passes, every workload_label_interval: whether kWorkloadLabel differs from the value last acted on.
   bool WorkloadLabelChanged();
@@ -723,11 +729,20 @@ void Daemon::Impl::ReleaseToHostDriver() {
     return;
   }
   const pci::Selection selection = pci::Select(*inventory, options_.serve.policy);
+  const std::set<int> allowed_groups = AllowedGroups(*inventory);
+  const Clock::time_point now = Clock::now();
+  // A device off vfio has nothing left to retry (an expired backoff would keep waking the loop).
+  std::erase_if(backoff_, [&](const auto& entry) {
+    const pci::Function* fn = inventory->Find(entry.first);
+    return fn == nullptr || !pci::IsVfioDriver(fn->driver);
+  });
   std::vector<InUse> on_vfio;
   std::set<std::string> gpus;
   for (const std::string& bdf : selection.gpus) {
     const pci::Function* fn = inventory->Find(bdf);
-    if (selection.RoleOf(bdf) != pci::Role::kGpu || fn == nullptr || !fn->iommu_group || !pci::IsVfioDriver(fn->driver)) {
+    if (selection.RoleOf(bdf) != pci::Role::kGpu || fn == nullptr || !fn->iommu_group ||
+        !pci::IsVfioDriver(fn->driver) || BackingOff(bdf, now) ||
+        (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group))) {
       continue;
     }
     on_vfio.push_back({.gpu = bdf, .group = fn->iommu_group, .id = bdf});
@@ -770,11 +785,13 @@ void Daemon::Impl::ReleaseToHostDriver() {
           held[result.bdf] = absl::StrJoin(who, ", ");
         } else if (result.outcome == binding::Outcome::kRestored && result.driver_after == vgpu::kNvidiaDriver) {
           moved.push_back(result.bdf);
+          backoff_.erase(result.bdf);
         } else if (result.outcome == binding::Outcome::kRestored) {
           failed.push_back(absl::StrCat(result.bdf, " left vfio-pci but is on ", DriverText(result.driver_after),
                                         ", not nvidia: the vGPU manager does not drive it"));
         } else if (result.outcome != binding::Outcome::kNotBound) {
-          failed.push_back(absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason));
+          failed.push_back(absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason,
+                                        "; retrying in ", BackOff(result.bdf).count(), " ms"));
         }
       }
     }
@@ -792,7 +809,6 @@ void Daemon::Impl::ReleaseToHostDriver() {
     const std::string note = absl::StrCat("not moved to nvidia for vm-vgpu: ", absl::StrJoin(failed, "; "));
     spdlog::warn("workload mode: {}", note);
     Event(kube::EventType::kWarning, "GPUNotMoved", "SwitchingMode", note);
-    mode_retry_at_ = Clock::now() + options_.mode_retry;
   }
   if (!moved.empty() && serving_) agent_->RescanNow();
 }
@@ -881,23 +897,38 @@ void Daemon::Impl::Conclude(Readiness readiness, Clock::time_point start) {
   }
 }
 
+std::set<int> Daemon::Impl::AllowedGroups(const pci::Inventory& inventory) const {
+  std::set<int> groups;
+  for (const std::string& bdf : options_.bind.only) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn != nullptr && fn->iommu_group) groups.insert(*fn->iommu_group);
+  }
+  return groups;
+}
+
+bool Daemon::Impl::BackingOff(const std::string& bdf, Clock::time_point now) const {
+  auto it = backoff_.find(bdf);
+  return it != backoff_.end() && now < it->second.next;
+}
+
+milliseconds Daemon::Impl::BackOff(const std::string& bdf) {
+  Backoff& backoff = backoff_[bdf];
+  backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff : std::min(backoff.delay * 2, options_.max_backoff);
+  backoff.next = Clock::now() + backoff.delay;
+  return backoff.delay;
+}
+
 bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
   const Clock::time_point now = Clock::now();
   std::vector<std::string> managed = selection.gpus;
   managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
-  // --device narrows the node to those functions' groups.
-  std::set<int> allowed_groups;
-  for (const std::string& bdf : options_.bind.only) {
-    const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && fn->iommu_group) allowed_groups.insert(*fn->iommu_group);
-  }
+  const std::set<int> allowed_groups = AllowedGroups(inventory);
   std::set<int> due_groups;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
     if (fn == nullptr || pci::IsVfioDriver(fn->driver) || !fn->iommu_group || mode_held_.contains(bdf)) continue;
     if (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group)) continue;
-    auto it = backoff_.find(bdf);
-    if (it == backoff_.end() || now >= it->second.next) due_groups.insert(*fn->iommu_group);
+    if (!BackingOff(bdf, now)) due_groups.insert(*fn->iommu_group);
   }
   if (due_groups.empty()) return false;
   binding::BinderOptions options = options_.bind;
@@ -928,14 +959,11 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
         break;
       case binding::Outcome::kFailed:
       case binding::Outcome::kBlocked: {
-        Backoff& backoff = backoff_[result.bdf];
-        backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff
-                                                   : std::min(backoff.delay * 2, options_.max_backoff);
-        backoff.next = Clock::now() + backoff.delay;
+        const milliseconds delay = BackOff(result.bdf);
         metrics_.CountBindFailure(FailureLabel(result));
         const std::string note = absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason);
         bind_failures_[result.bdf] = note;
-        spdlog::warn("reconcile: {}; retrying in {} ms", note, backoff.delay.count());
+        spdlog::warn("reconcile: {}; retrying in {} ms", note, delay.count());
         // BindBlocked names who holds the GPU; anything else is a failure of the bind itself.
         Event(kube::EventType::kWarning, result.holders.empty() ? "BindFailed" : "BindBlocked", "Binding", note);
         break;

@@ -212,6 +212,20 @@ TEST_F(ModeSwitchTest, AGpuAssignedToAPodStaysAndTheConditionNamesThePod) {
       << Condition().dump();
 }
 
+// The host driver refuses a GPU once it is off vfio-pci: the move is a Warning naming where it ended.
+TEST_F(ModeSwitchTest, AGpuThatDoesNotEndOnNvidiaIsAWarning) {
+  Label("vm-passthrough", true);
+  StartDaemon(Workload::kVmPassthrough);
+  ASSERT_TRUE(WaitDrivers("vfio-pci"));
+  ASSERT_TRUE(node_->Control(std::string("bind-errno ") + kGpuA + " EIO").ok());  // nvidia's probe fails
+
+  Label("vm-vgpu");
+  ASSERT_TRUE(WaitUntil([&] { return DriverOf(*node_, kGpuB) == "nvidia"; }));
+  ASSERT_TRUE(WaitNote("GPUNotMoved", std::string(kGpuA) + " left vfio-pci but is on no driver, not nvidia"));
+  EXPECT_EQ(DriverOf(*node_, kGpuA), "");
+  EXPECT_TRUE(WaitNote("WorkloadModeChanged", "1 GPUs moved from vfio-pci to nvidia (0000:86:00.0)"));
+}
+
 TEST_F(ModeSwitchTest, AnUnknownLabelValueIsAWarningAndTheModeStays) {
   // vm-vgpu from the label, --workload saying vm-passthrough: staying means neither taking the flag's mode.
   Label("vm-vgpu", true);
