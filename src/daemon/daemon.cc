@@ -162,6 +162,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   void Conclude(Readiness readiness, Clock::time_point start);
   // True when a bind was attempted (the host changed).
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  // run --kubelet-api dra --bind-on-prepare: GPUs are bound by the claims that need them, never at start.
+  bool BindOnPrepare() const { return options_.dra && options_.dra->bind_on_prepare; }
   // What the kubelet must see: every id of `required` advertised and healthy, every resource with devices
   // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
   std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
@@ -392,7 +394,8 @@ absl::Status Daemon::Impl::PassOnce() {
     if (StillRefused(resource_names)) return absl::OkStatus();
   }
 
-  const bool attempted = BindDue(*inventory, selection);
+  // --bind-on-prepare: the GPUs stay on their host drivers; each claim's Prepare binds its own.
+  const bool attempted = !BindOnPrepare() && BindDue(*inventory, selection);
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
     if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
@@ -636,7 +639,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   std::vector<std::string> unbound;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && pci::IsVfioDriver(fn->driver)) continue;
+    if (BindOnPrepare() || (fn != nullptr && pci::IsVfioDriver(fn->driver))) continue;
     auto failure = bind_failures_.find(bdf);
     unbound.push_back(failure != bind_failures_.end() ? failure->second
                                                       : absl::StrCat(bdf, " on ", DriverText(fn ? fn->driver : "")));
