@@ -46,7 +46,9 @@ absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::strin
       now.push_back(absl::StrCat(bdf, " on ", DriverText(driver.ok() ? *driver : ""), " (was ", DriverText(before), ")"));
     }
   }
-  if (returned.ok() && cleared.ok()) {
+  if (moved.empty() && touched.empty()) {
+    absl::StrAppend(&answer, "; nothing was written");
+  } else if (returned.ok() && cleared.ok()) {
     absl::StrAppend(&answer, "; every function written to is back on its driver");
   } else {
     for (const absl::Status& status : {returned, cleared}) {

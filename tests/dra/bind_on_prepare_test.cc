@@ -262,6 +262,27 @@ TEST_F(BindOnPrepareTest, AClaimDeletedWhileTheAgentWasDownHasItsGpuReturned) {
   ExpectOn({{kA10First, "nvidia"}, {kA10Second, "nvidia"}});
 }
 
+// A GPU whose group holds a foreign endpoint (a NIC on i40e) can never be bound: it is published tainted, and a
+// claim on it is refused with the reason before anything is written.
+TEST_F(BindOnPrepareTest, AGpuSharingItsGroupWithAForeignDeviceIsTaintedAndRefusedUntouched) {
+  StartHost(sim::NodeFile("gpu-foreign-nic.json"));
+  StartAgent();
+  const GpuDevice* shared = Published("0000:3b:00.0");
+  ASSERT_NE(shared, nullptr);
+  EXPECT_THAT(shared->unhealthy_reason, HasSubstr("IOMMU group 30 cannot be bound to vfio-pci: 0000:3c:00.0"));
+  EXPECT_EQ(shared->slice.taints.size(), 1u);
+  const GpuDevice* alone = Published(kA10Second);
+  ASSERT_NE(alone, nullptr);
+  EXPECT_TRUE(alone->healthy()) << alone->unhealthy_reason;
+
+  AddClaim("uid-1", {"0000:3b:00.0"});
+  const std::string error = Prepare("uid-1");
+  EXPECT_THAT(error, HasSubstr("0000:3b:00.0 blocked: group shares its IOMMU group with 0000:3c:00.0"));
+  EXPECT_THAT(error, HasSubstr("nothing was written"));
+  EXPECT_EQ(sim_->Log(), std::vector<std::string>{});
+  ExpectOn({{"0000:3b:00.0", "nvidia"}, {"0000:3c:00.0", "i40e"}});
+}
+
 // Two GPUs in one IOMMU group (no ACS between them), each in its own claim: the first claim bound the group, but
 // its Unprepare must not pull the second GPU from under the other claim's VM. The last claim out returns both.
 TEST_F(BindOnPrepareTest, TheLastClaimOutOfASharedGroupReturnsIt) {
