@@ -54,20 +54,42 @@ struct DraNode {
     run = *std::move(process);
   }
 
+  // Every GPU healthy on the health stream, under its address-derived name.
+  bool AllHealthy() const {
+    auto health = kubelet->LatestHealth(kDraDriver);
+    if (!health || health->devices_size() != static_cast<int>(kH200Gpus.size())) return false;
+    for (int i = 0; i < health->devices_size(); ++i) {
+      if (health->devices(i).health() != ::v1alpha1::HEALTHY ||
+          health->devices(i).device().device_name() != dra::DeviceName(kH200Gpus[static_cast<size_t>(i)])) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+TEST(DraRunTest, BindsEveryGpuAndServesItAsADraDriverInsteadOfTheDevicePlugin) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Start());
+  RunProcess* run = dra.run.get();
+  EXPECT_TRUE(run->WaitReady()) << run->Log();
+  for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*dra.node, bdf), "vfio-pci");
+  ASSERT_TRUE(dra.kubelet->WaitFor(
+      [](const kubeletsim::dra::KubeletDraSim& k) { return k.Count("register") == 1; }, kPatience));
   EXPECT_TRUE(WaitUntil([&] { return dra.AllHealthy(); })) << run->Log();
   EXPECT_TRUE(WaitUntil([&] {
-    auto slices = api->Slices();
+    auto slices = dra.api->Slices();
     return slices.ok() && slices->size() == 1 && (*slices)[0]["spec"]["devices"].size() == kH200Gpus.size();
   }));
   // One kubelet API a node: no device-plugin socket, nothing registered with the device-plugin kubelet.
-  for (const auto& entry : std::filesystem::directory_iterator(node->kubelet_dir())) {
+  for (const auto& entry : std::filesystem::directory_iterator(dra.node->kubelet_dir())) {
     EXPECT_FALSE(entry.path().filename().string().starts_with("kubevirt-")) << entry.path();
   }
 
   const int status = run->SignalAndWait(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << run->Log();
-  EXPECT_FALSE(std::filesystem::exists(dir / "plugins_registry" / (std::string(kDraDriver) + "-reg.sock")));
-  for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*node, bdf), "vfio-pci");  // nothing unbound
+  EXPECT_FALSE(std::filesystem::exists(dra.dir / "plugins_registry" / (std::string(kDraDriver) + "-reg.sock")));
+  for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*dra.node, bdf), "vfio-pci");  // nothing unbound
 }
 
 // --bind-on-prepare: nothing is bound at start, yet every GPU is published healthy (a claim's Prepare can bind it)
