@@ -862,7 +862,21 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
 
 void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
   // The DRA driver applies the same health rule (pci/vfio_health.h) to the same sysfs: its devices are `expected`.
-  const plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  if (BindOnPrepare()) {
+    // A GPU on its host driver is healthy under this policy (a claim binds it): the driver's own health, or every
+    // claim's bind and return would read as DeviceRecovered and DeviceLost.
+    std::map<std::string, dra::GpuDevice> published;
+    for (dra::GpuDevice& device : dra_->Devices()) published[device.bdf] = std::move(device);
+    for (auto& [name, resource] : served.resources) {
+      for (plugin::PluginDevice& device : resource.devices) {
+        if (auto it = published.find(device.id); it != published.end()) {
+          device.healthy = it->second.healthy();
+          device.unhealthy_reason = it->second.unhealthy_reason;
+        }
+      }
+    }
+  }
   std::map<std::pair<std::string, std::string>, int> counts;
   std::set<std::string> advertised;
   for (const auto& [name, resource] : served.resources) {

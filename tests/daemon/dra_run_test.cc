@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "gtest/gtest.h"
@@ -104,6 +106,41 @@ TEST(DraRunTest, WithBindOnPrepareNothingIsBoundAtStartAndEveryGpuIsPublishedHea
     return slices.ok() && slices->size() == 1 && (*slices)[0]["spec"]["devices"].size() == kH200Gpus.size();
   }));
   for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(*dra.node, bdf), "nvidia");
+
+  // A claim binds its GPU and Unprepare returns it: the GPU was never lost, and no event says it was. Each move
+  // is followed by a reconcile pass (its group node came or went) before the events are read.
+  auto last_pass = [&] {
+    const std::string metrics = dra.run->Metrics();
+    const std::string name = "\nvfio_gpu_agent_last_reconcile_timestamp_seconds ";
+    const size_t at = metrics.find(name);
+    return at == std::string::npos ? 0.0 : std::strtod(metrics.c_str() + at + name.size(), nullptr);
+  };
+  auto now = [] { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); };
+  const std::string gpu = kH200Gpus[0];
+  nlohmann::json result = {{"request", "gpu"}, {"driver", kDraDriver}, {"pool", "node-a"}, {"device", dra::DeviceName(gpu)}};
+  const nlohmann::json claim = {
+      {"metadata", {{"namespace", "vms"}, {"name", "vm"}, {"uid", "uid-1"}}},
+      {"spec", {{"devices", {{"requests", nlohmann::json::array()}}}}},
+      {"status", {{"allocation", {{"devices", {{"results", nlohmann::json::array({result})}}}}}}}};
+  ASSERT_TRUE(dra.api->Control("claim " + claim.dump()).ok());
+  double moved = now();
+  auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-1").error(), "");
+  EXPECT_EQ(DriverOf(*dra.node, gpu), "vfio-pci");
+  EXPECT_TRUE(WaitUntil([&] { return last_pass() > moved; })) << dra.run->Log();
+  moved = now();
+  auto unprepared = dra.kubelet->Unprepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(unprepared.ok()) << unprepared.status();
+  EXPECT_EQ(unprepared->claims().at("uid-1").error(), "");
+  EXPECT_EQ(DriverOf(*dra.node, gpu), "nvidia");
+  EXPECT_TRUE(WaitUntil([&] { return last_pass() > moved; })) << dra.run->Log();
+  auto events = dra.api->Events();
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const nlohmann::json& event : *events) {
+    EXPECT_NE(event.value("reason", ""), "DeviceLost") << event.dump();
+    EXPECT_NE(event.value("reason", ""), "DeviceRecovered") << event.dump();
+  }
   const int status = dra.run->SignalAndWait(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
