@@ -15,11 +15,11 @@ std::string DriverText(const std::string& driver) { return driver.empty() ? "no 
 
 }  // namespace
 
-absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::string>& bdfs, absl::Time deadline,
-                                                    absl::Time restore_deadline) const {
+absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const {
   binding::BinderOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
   options.only = bdfs;
-  options.deadline = deadline;
+  options.deadline = call_start + kBindBudget;
+  const absl::Time restore_deadline = call_start + kCallBudget;
   absl::StatusOr<binding::BindReport> report = binding::Bind(options);
   if (!report.ok()) return report.status();  // nothing was written
   RecordedDrivers moved;    // on vfio-pci now

@@ -32,12 +32,11 @@ class BindOnPrepare {
  public:
   BindOnPrepare(HostPaths paths, pci::SelectionPolicy policy) : paths_(std::move(paths)), policy_(std::move(policy)) {}
 
-  // Binds the whole IOMMU groups of `bdfs` to vfio-pci, no write after `deadline`. On success the functions moved
-  // and their drivers before. On failure every function the bind touched is returned to its driver (by
-  // `restore_deadline`) before the answer, which names each failure with its holders (process and pid) and
-  // where each function is now.
-  absl::StatusOr<RecordedDrivers> Bind(const std::vector<std::string>& bdfs, absl::Time deadline,
-                                       absl::Time restore_deadline) const;
+  // Binds the whole IOMMU groups of `bdfs` to vfio-pci, no write after kBindBudget from `call_start`. On success
+  // the functions moved and their drivers before. On failure every function the bind touched is returned to its
+  // driver (by kCallBudget from `call_start`) before the answer, which names each failure with its holders
+  // (process and pid) and where each function is now.
+  absl::StatusOr<RecordedDrivers> Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const;
 
   // Returns each function to its recorded driver. An error (a VM still holds the group, a write the kernel keeps
   // blocked) names the functions not returned; a retry returns them, the others are no-ops.

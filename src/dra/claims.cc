@@ -276,7 +276,7 @@ absl::StatusOr<RecordedDrivers> ClaimPreparer::BindDevices(const std::vector<std
   for (const std::string& bdf : bdfs) {
     if (absl::Status held = CheckNotHeld(bdf, DeviceName(bdf), uid); !held.ok()) return held;
   }
-  return bind_->Bind(bdfs, call_start + kBindBudget, call_start + kCallBudget);
+  return bind_->Bind(bdfs, call_start);
 }
 
 absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::string& device,

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "driver_start.h"
 #include "kube/api_sim_fixture.h"
 #include "kubelet_dra_sim.h"
 #include "nlohmann/json.hpp"
@@ -80,15 +81,7 @@ class BindOnPrepareTest : public kube::testing::KubeApiSimTest {
     return options;
   }
 
-  void StartAgent() {
-    driver_ = std::make_unique<Driver>(Options());
-    ASSERT_TRUE(driver_->Start().ok());
-    if (!kubelet_) {
-      kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
-      ASSERT_TRUE(kubelet_->Start().ok());
-    }
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return !k.Plugins().empty(); }, 30s));
-  }
+  void StartAgent() { ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_)); }
 
   // Allocated by the scheduler: one request per GPU.
   void AddClaim(const std::string& uid, const std::vector<std::string>& gpus) {
