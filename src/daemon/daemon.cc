@@ -206,6 +206,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   void Conclude(Readiness readiness, Clock::time_point start);
   // True when a bind was attempted (the host changed).
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  // run --kubelet-api dra --bind-on-prepare: GPUs are bound by the claims that need them, never at start.
+  bool BindOnPrepare() const { return options_.dra && options_.dra->bind_on_prepare; }
   // What the kubelet must see: every id of `required` advertised and healthy, every resource with devices
   // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
   std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
@@ -453,7 +455,8 @@ absl::Status Daemon::Impl::PassOnce() {
   }
 
   KeepHeldVgpuParents(*inventory, selection);
-  const bool attempted = BindDue(*inventory, selection);
+  // --bind-on-prepare: the GPUs stay on their host drivers; each claim's Prepare binds its own.
+  const bool attempted = !BindOnPrepare() && BindDue(*inventory, selection);
   ReportModeChange("whole-GPU resources advertised; GPUsBound and BindFailed name the GPUs as they move to vfio-pci");
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
@@ -1008,7 +1011,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   std::vector<std::string> unbound;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && pci::IsVfioDriver(fn->driver)) continue;
+    if (BindOnPrepare() || (fn != nullptr && pci::IsVfioDriver(fn->driver))) continue;
     auto failure = bind_failures_.find(bdf);
     unbound.push_back(failure != bind_failures_.end() ? failure->second
                                                       : absl::StrCat(bdf, " on ", DriverText(fn ? fn->driver : "")));
@@ -1231,7 +1234,21 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
 
 void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
   // The DRA driver applies the same health rule (pci/vfio_health.h) to the same sysfs: its devices are `expected`.
-  const plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  if (BindOnPrepare()) {
+    // A GPU on its host driver is healthy under this policy (a claim binds it): the driver's own health, or every
+    // claim's bind and return would read as DeviceRecovered and DeviceLost.
+    std::map<std::string, dra::GpuDevice> published;
+    for (dra::GpuDevice& device : dra_->Devices()) published[device.bdf] = std::move(device);
+    for (auto& [name, resource] : served.resources) {
+      for (plugin::PluginDevice& device : resource.devices) {
+        if (auto it = published.find(device.id); it != published.end()) {
+          device.healthy = it->second.healthy();
+          device.unhealthy_reason = it->second.unhealthy_reason;
+        }
+      }
+    }
+  }
   std::map<std::pair<std::string, std::string>, int> counts;
   std::set<std::string> advertised;
   for (const auto& [name, resource] : served.resources) {

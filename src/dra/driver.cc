@@ -173,7 +173,8 @@ class Driver::Impl {
     const pci::Selection selection = pci::Select(*inventory, options_.policy);
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next =
-        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous);
+        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous,
+                     options_.bind_on_prepare);
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
     {
@@ -233,7 +234,8 @@ class Driver::Impl {
   }
 
   // A claim prepared here whose ResourceClaim the API no longer has (deleted while the agent was down, or an
-  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint. The GPUs stay on vfio-pci.
+  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint, and the GPUs as Unprepare
+  // leaves them (on vfio-pci, or with --bind-on-prepare back on their recorded drivers).
   void SweepStaleClaims() {
     if (!options_.get_claim) return;
     std::vector<internal::PreparedClaim> prepared;
@@ -259,7 +261,7 @@ class Driver::Impl {
                      std::string(forgotten.message()));
         continue;
       }
-      spdlog::info("DRA claim {}/{} ({}) {} in the API: its CDI spec, metadata and checkpoint removed",
+      spdlog::info("DRA claim {}/{} ({}) {} in the API: released (CDI spec, metadata, checkpoint, binding policy)",
                    claim.namespace_name, claim.name, claim.uid, why);
     }
   }

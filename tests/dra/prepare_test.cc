@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "driver_start.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
@@ -118,15 +119,7 @@ class DraPrepareTest : public kube::testing::KubeApiSimTest {
   }
 
   // Driver and kubelet up, the driver registered.
-  void StartNode() {
-    driver_ = std::make_unique<Driver>(Options());
-    ASSERT_TRUE(driver_->Start().ok());
-    if (!kubelet_) {
-      kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
-      ASSERT_TRUE(kubelet_->Start().ok());
-    }
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return !k.Plugins().empty(); }, 30s));
-  }
+  void StartNode() { ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_)); }
 
   void RestartDriver() {
     driver_.reset();
