@@ -15,6 +15,8 @@
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
+#include "vgpu_claims.h"
 
 namespace vfio_agent::dra::internal {
 
@@ -23,7 +25,8 @@ struct PreparedDevice {
   std::string request;  // base request name (subrequest dropped)
   std::string pool;
   std::string device;
-  std::string bdf;
+  std::string bdf;        // the GPU, or the SR-IOV vGPU's VF; "" for an mdev
+  std::string mdev_uuid;  // an mdev vGPU's UUID; "" otherwise
   std::vector<std::string> cdi_ids;
 };
 
@@ -55,8 +58,13 @@ class ClaimPreparer final : public ClaimHandler {
 
  private:
   // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
+  // `vgpus`: the node's vGPUs on a vm-vgpu node (the claim's devices are vGPUs), null otherwise.
   absl::StatusOr<PreparedClaim> PrepareOne(const drav1::Claim& claim, const pci::Inventory& inventory,
-                                           const pci::Selection& selection);
+                                           const pci::Selection& selection, const VgpuView* vgpus);
+  // A vGPU device of the claim (vm-vgpu): checked (preparable, held by no other prepared claim), its device nodes
+  // added to `spec` and its entry to `prepared`. Never binds anything.
+  absl::Status AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus, const std::string& kind,
+                       cdi::v1::Spec& spec, PreparedClaim& prepared) const;
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
                            const pci::Selection& selection, const std::string& uid) const;
   // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
@@ -72,6 +80,7 @@ class ClaimPreparer final : public ClaimHandler {
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
   std::string boot_id_;
   std::map<std::string, PreparedClaim> prepared_;  // by claim UID
+  vgpu::CatalogStore vgpu_catalog_;  // vm-vgpu: names the SR-IOV vGPUs of a full card
 };
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <fstream>
 #include <stdexcept>
 
 #include "gtest/gtest.h"
@@ -11,6 +12,7 @@
 #include "kubelet_dra_sim.h"
 #include "run_harness.h"
 #include "vfio_gpu_agent/dra/device_names.h"
+#include "vgpu/profile_configs.h"
 
 namespace vfio_agent::daemon::testing {
 namespace {
@@ -69,15 +71,48 @@ TEST(DraRunTest, BindsEveryGpuAndServesItAsADraDriverInsteadOfTheDevicePlugin) {
   for (const std::string& bdf : kH200Gpus) EXPECT_EQ(DriverOf(**node, bdf), "vfio-pci");  // nothing unbound
 }
 
-TEST(DraRunTest, VgpuWorkloadWithDraIsAUsageError) {
-  auto node = Node::Create("hgx-h200-8gpu.json");
+// vm-vgpu with DRA: the profiles of a config made, the vGPUs published one device each (never a GPU), nothing
+// bound to vfio-pci and no device-plugin socket.
+TEST(DraRunTest, VgpuWorkloadPublishesEachVgpuAsADraDeviceAndBindsNothing) {
+  auto node = Node::Create("vgpu-sriov-l40s-h200.json");
   ASSERT_TRUE(node.ok()) << node.status();
-  auto run = RunProcess::Start(**node, {"--kubelet-api", "dra", "--workload", "vm-vgpu"});
+  ASSERT_TRUE((*node)->StartKubelet({.pod_resources_socket = PodResourcesSocket(**node)}).ok());
+  const std::filesystem::path dir = (*node)->kubelet_dir().parent_path();
+  std::ofstream(dir / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
+  auto api = sim::KubeApiSim::Start(dir, {.nodes = {"node-a"}});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto kubeconfig = (*api)->WriteKubeconfig(dir / "kubeconfig");
+  ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
+  kubeletsim::dra::KubeletDraSim kubelet({.registry_dir = dir / "plugins_registry"});
+  ASSERT_TRUE(kubelet.Start().ok());
+
+  auto run = RunProcess::Start(
+      **node, {"--kubelet-api", "dra", "--workload", "vm-vgpu", "--vgpu-config-file", (dir / "vgpu-config.yaml").string(),
+               "--vgpu-config", "h200-small-3", "--state-dir", (dir / "state").string(), "--kubelet-registry-dir",
+               (dir / "plugins_registry").string(), "--kubelet-plugins-dir", (dir / "plugins").string(), "--cdi-dir",
+               (dir / "cdi").string(), "--kubeconfig", kubeconfig->string(), "--node-name", "node-a"});
   ASSERT_TRUE(run.ok()) << run.status();
-  std::optional<int> exited;
-  ASSERT_TRUE(WaitUntil([&] { return (exited = (*run)->ExitedOnItsOwn()).has_value(); }));
-  const int status = *exited;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << (*run)->Log();
+  EXPECT_TRUE((*run)->WaitReady()) << (*run)->Log();
+  // Three H200X-1-18C on each H200, each a VF of its card: six devices named from their VFs.
+  EXPECT_TRUE(WaitUntil([&] {
+    auto slices = (*api)->Slices();
+    if (!slices.ok() || slices->size() != 1 || (*slices)[0]["spec"]["devices"].size() != 6) return false;
+    for (const auto& device : (*slices)[0]["spec"]["devices"]) {
+      if (!device["name"].get<std::string>().starts_with("vgpu-") ||
+          device["attributes"][std::string(kDraDriver) + "/resourceName"]["string"] != "NVIDIA_H200X-1-18C") {
+        return false;
+      }
+    }
+    return true;
+  })) << (*run)->Log();
+  for (const auto& entry : std::filesystem::directory_iterator((*node)->kubelet_dir())) {
+    EXPECT_FALSE(entry.path().filename().string().starts_with("kubevirt-")) << entry.path();
+  }
+  const int status = (*run)->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << (*run)->Log();
+  for (const std::string& line : (*node)->SimLog()) {
+    EXPECT_FALSE(line.starts_with("bind ") && line.ends_with("vfio-pci")) << line;  // nothing bound on vm-vgpu
+  }
 }
 
 }  // namespace
