@@ -5,9 +5,11 @@
 # (root, Debian 12), takes seconds once built, and leaves nothing behind.
 # Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
 #        scripts/demo.sh --vgpu          (vGPU nodes, mdev and SR-IOV: scripts/demo-vgpu.sh)
+#        scripts/demo.sh --dra           (the kubelet DRA driver: slices, a claim prepared: scripts/demo-dra.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--vgpu" ] && exec scripts/demo-vgpu.sh
+[ "${1:-}" = "--dra" ] && exec scripts/demo-dra.sh
 repo=$PWD
 node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
 
