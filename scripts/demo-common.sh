@@ -25,3 +25,15 @@ show_kubelet_report() {
   cat "$file"
   grep -q '^Allocatable:' "$file"
 }
+
+# mount_node NODE_FILE ROOT: sysfs-sim serves NODE_FILE at ROOT/sys (FUSE) with its devices in ROOT/dev; sets
+# sim_pid and returns once the mount is ready (the simulator's READY line, printed).
+mount_node() {
+  mkfifo "$2.ready"
+  "$sim" --node "$1" --root "$2" > "$2.ready" &
+  sim_pid=$!
+  local ready_line
+  read -r ready_line < "$2.ready"
+  rm -f "$2.ready"
+  echo "$ready_line"
+}

@@ -37,11 +37,7 @@ api() {
 }
 
 step "simulated node: $(basename "$node") mounted at $work/node/sys (FUSE)"
-mkfifo "$work/ready"
-"$sim" --node "$node" --root "$work/node" > "$work/ready" &
-sim_pid=$!
-read -r ready_line < "$work/ready"
-echo "$ready_line"
+mount_node "$node" "$work/node"
 roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc"
        --modules-root "$work/modules-none")
 # The driver's checkpoint is kept per boot: the simulated node's boot ID.

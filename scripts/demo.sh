@@ -27,11 +27,7 @@ cleanup() {
 trap cleanup EXIT
 
 step "simulated node: $(basename "$node") mounted at $work/node/sys (FUSE) with devices in $work/node/dev"
-mkfifo "$work/ready"
-"$sim" --node "$node" --root "$work/node" > "$work/ready" &
-sim_pid=$!
-read -r ready_line < "$work/ready"
-echo "$ready_line"
+mount_node "$node" "$work/node"
 
 roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc"
        --kubelet-dir "$work/kubelet" --modules-root "$work/modules-none")

@@ -1,13 +1,13 @@
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/vgpu/health.h"
+#include "vfio_gpu_agent/vgpu/served.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -50,50 +50,39 @@ VgpuDevices BuildVgpuDevices(const HostPaths& paths, const pci::Inventory& inven
                              const names::PciIdsDatabase* pci_ids, std::string_view domain, std::string_view driver,
                              const std::vector<GpuDevice>& previous) {
   VgpuDevices out;
-  out.problems = vgpu::DiscoveryProblems(discovery);
+  vgpu::ServedVgpus served = vgpu::ServedVgpusOf(discovery, inventory, domain);
+  out.problems = std::move(served.problems);
   const bool iommufd = fs::Exists(paths.dev_root / "iommu");
-  if (discovery.framework.ok()) {
-    for (const vgpu::Mdev& mdev : discovery.mdevs) {
-      absl::StatusOr<std::string> resource = names::VgpuResourceName(domain, mdev.type_name);
-      if (!resource.ok()) {
-        out.problems.push_back(absl::StrCat(mdev.uuid, ": not published: ", resource.status().message()));
-        continue;
-      }
-      const pci::Function* parent = inventory.Find(mdev.parent_bdf);
-      // An Ampere mdev lives on a VF: the card (product name, NUMA node) is its PF.
-      const pci::Function* card =
-          parent != nullptr && parent->physfn ? inventory.Find(*parent->physfn) : parent;
-      VgpuDevice vgpu = Common(MdevDeviceName(mdev.uuid), driver, *resource, mdev.type_name,
-                               card != nullptr ? card : parent, pci_ids, mdev.iommu_group,
-                               vgpu::MdevUnhealthyReason(paths, mdev, parent));
-      vgpu.mdev = true;
-      vgpu.id = mdev.uuid;
-      vgpu.device.bdf = mdev.parent_bdf;
-      kube::SliceDevice& slice = vgpu.device.slice;
-      slice.attributes[std::string(kMdevUuidAttribute)] = DeviceAttribute::String(mdev.uuid);
-      slice.attributes[Qualified(driver, kParentPciBusIdAttribute)] = DeviceAttribute::String(mdev.parent_bdf);
-      AddPcieRoot(paths, mdev.parent_bdf, slice);
-      out.vgpus.push_back(std::move(vgpu));
+  for (const vgpu::ServedMdev& entry : served.mdevs) {
+    const vgpu::Mdev& mdev = *entry.mdev;
+    // An Ampere mdev lives on a VF: the card (product name, NUMA node) is its PF.
+    const pci::Function* card = entry.parent;
+    if (card != nullptr && card->physfn) {
+      if (const pci::Function* pf = inventory.Find(*card->physfn)) card = pf;
     }
-    for (const vgpu::SriovVgpu& found : discovery.vgpus) {
-      absl::StatusOr<std::string> resource = names::VgpuResourceName(domain, found.type_name);
-      const pci::Function* fn = inventory.Find(found.bdf);
-      if (!resource.ok() || fn == nullptr) {
-        out.problems.push_back(absl::StrCat(found.bdf, ": not published: ",
-                                            resource.ok() ? "not in the PCI inventory" : resource.status().message()));
-        continue;
-      }
-      const pci::Function* pf = inventory.Find(found.pf_bdf);
-      VgpuDevice vgpu = Common(VfDeviceName(found.bdf), driver, *resource, found.type_name, pf != nullptr ? pf : fn,
-                               pci_ids, fn->iommu_group, vgpu::VfUnhealthyReason(paths, *fn, iommufd));
-      vgpu.id = found.bdf;
-      vgpu.vfio_cdevs = fn->vfio_cdevs;
-      vgpu.device.bdf = found.bdf;
-      kube::SliceDevice& slice = vgpu.device.slice;
-      slice.attributes[std::string(kPciBusIdAttribute)] = DeviceAttribute::String(found.bdf);
-      AddPcieRoot(paths, found.bdf, slice);
-      out.vgpus.push_back(std::move(vgpu));
-    }
+    VgpuDevice vgpu = Common(MdevDeviceName(mdev.uuid), driver, entry.resource_name, mdev.type_name, card, pci_ids,
+                             mdev.iommu_group, vgpu::MdevUnhealthyReason(paths, mdev, entry.parent));
+    vgpu.mdev = true;
+    vgpu.id = mdev.uuid;
+    vgpu.device.bdf = mdev.parent_bdf;
+    kube::SliceDevice& slice = vgpu.device.slice;
+    slice.attributes[std::string(kMdevUuidAttribute)] = DeviceAttribute::String(mdev.uuid);
+    slice.attributes[Qualified(driver, kParentPciBusIdAttribute)] = DeviceAttribute::String(mdev.parent_bdf);
+    AddPcieRoot(paths, mdev.parent_bdf, slice);
+    out.vgpus.push_back(std::move(vgpu));
+  }
+  for (const vgpu::ServedVf& entry : served.vfs) {
+    const pci::Function& fn = *entry.vf;
+    VgpuDevice vgpu = Common(VfDeviceName(fn.bdf), driver, entry.resource_name, entry.vgpu->type_name,
+                             entry.pf != nullptr ? entry.pf : &fn, pci_ids, fn.iommu_group,
+                             vgpu::VfUnhealthyReason(paths, fn, iommufd));
+    vgpu.id = fn.bdf;
+    vgpu.vfio_cdevs = fn.vfio_cdevs;
+    vgpu.device.bdf = fn.bdf;
+    kube::SliceDevice& slice = vgpu.device.slice;
+    slice.attributes[std::string(kPciBusIdAttribute)] = DeviceAttribute::String(fn.bdf);
+    AddPcieRoot(paths, fn.bdf, slice);
+    out.vgpus.push_back(std::move(vgpu));
   }
 
   // Gone since `previous`: kept unhealthy unless their resource now has vGPUs it did not have (recreated).

@@ -8,6 +8,7 @@
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/vgpu/health.h"
+#include "vfio_gpu_agent/vgpu/served.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -31,43 +32,30 @@ VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inv
   VgpuSnapshot out;
   DeviceSnapshot& snapshot = out.snapshot;
   snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
-  out.problems = vgpu::DiscoveryProblems(discovery);
-  if (discovery.framework.ok()) {
-    for (const vgpu::Mdev& mdev : discovery.mdevs) {
-      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, mdev.type_name);
-      if (!name.ok()) {
-        out.problems.push_back(absl::StrCat(mdev.uuid, ": not advertised: ", name.status().message()));
-        continue;
-      }
-      const pci::Function* parent = inventory.Find(mdev.parent_bdf);
-      PluginDevice device;
-      device.id = mdev.uuid;
-      device.unhealthy_reason = vgpu::MdevUnhealthyReason(paths, mdev, parent);
-      device.healthy = device.unhealthy_reason.empty();
-      device.numa_node = parent != nullptr ? parent->numa_node : std::nullopt;
-      device.iommu_group = mdev.iommu_group;
-      device.group_functions = {mdev.uuid};
-      ResourceFor(snapshot, *name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
-    }
-    for (const vgpu::SriovVgpu& vgpu : discovery.vgpus) {
-      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, vgpu.type_name);
-      const pci::Function* fn = inventory.Find(vgpu.bdf);
-      if (!name.ok() || fn == nullptr) {
-        out.problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ",
-                                            name.ok() ? "not in the PCI inventory" : name.status().message()));
-        continue;
-      }
-      const pci::Function* pf = inventory.Find(vgpu.pf_bdf);
-      PluginDevice device;
-      device.id = vgpu.bdf;
-      device.unhealthy_reason = vgpu::VfUnhealthyReason(paths, *fn, snapshot.iommufd);
-      device.healthy = device.unhealthy_reason.empty();
-      device.numa_node = pf != nullptr ? pf->numa_node : fn->numa_node;
-      device.iommu_group = fn->iommu_group;
-      device.group_functions = {vgpu.bdf};
-      device.vfio_cdevs = fn->vfio_cdevs;
-      ResourceFor(snapshot, *name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
-    }
+  vgpu::ServedVgpus served = vgpu::ServedVgpusOf(discovery, inventory, domain);
+  out.problems = std::move(served.problems);
+  for (const vgpu::ServedMdev& entry : served.mdevs) {
+    const vgpu::Mdev& mdev = *entry.mdev;
+    PluginDevice device;
+    device.id = mdev.uuid;
+    device.unhealthy_reason = vgpu::MdevUnhealthyReason(paths, mdev, entry.parent);
+    device.healthy = device.unhealthy_reason.empty();
+    device.numa_node = entry.parent != nullptr ? entry.parent->numa_node : std::nullopt;
+    device.iommu_group = mdev.iommu_group;
+    device.group_functions = {mdev.uuid};
+    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
+  }
+  for (const vgpu::ServedVf& entry : served.vfs) {
+    const pci::Function& fn = *entry.vf;
+    PluginDevice device;
+    device.id = fn.bdf;
+    device.unhealthy_reason = vgpu::VfUnhealthyReason(paths, fn, snapshot.iommufd);
+    device.healthy = device.unhealthy_reason.empty();
+    device.numa_node = entry.pf != nullptr ? entry.pf->numa_node : fn.numa_node;
+    device.iommu_group = fn.iommu_group;
+    device.group_functions = {fn.bdf};
+    device.vfio_cdevs = fn.vfio_cdevs;
+    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
   }
 
   auto by_id = [](const PluginDevice& a, const PluginDevice& b) { return a.id < b.id; };

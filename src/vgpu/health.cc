@@ -24,20 +24,6 @@ std::string VfUnhealthyReason(const HostPaths& paths, const pci::Function& vf, b
   return GroupReason(paths, vf.iommu_group, vf.vfio_cdevs, iommufd);
 }
 
-std::vector<std::string> DiscoveryProblems(const Discovery& discovery) {
-  std::vector<std::string> problems;
-  for (const DeviceError& error : discovery.errors) {
-    problems.push_back(absl::StrCat(error.device.empty() ? "vGPU catalog" : error.device, ": ", error.status.message()));
-  }
-  for (const UnresolvedVgpu& vgpu : discovery.unresolved) {
-    problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ", vgpu.reason));
-  }
-  if (!discovery.framework.ok()) {
-    problems.push_back(absl::StrCat("vGPUs not served: ", discovery.framework.status().message()));
-  }
-  return problems;
-}
-
 GoneReasons::GoneReasons(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
                          const Discovery& discovery)
     : sysfs_root_(sysfs_root), inventory_(inventory), discovery_(discovery) {

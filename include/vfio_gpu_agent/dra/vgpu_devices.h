@@ -31,8 +31,8 @@ struct VgpuDevice {
 
 struct VgpuDevices {
   std::vector<VgpuDevice> vgpus;  // by device name
-  // Why a vGPU is not published, one line each naming the device (vgpu::DiscoveryProblems, and type names that
-  // give no valid resource name). The driver logs each once while it lasts.
+  // Why a vGPU is not published, one line each naming the device (vgpu::ServedVgpus::problems). The driver logs
+  // each once while it lasts.
   std::vector<std::string> problems;
 };
 

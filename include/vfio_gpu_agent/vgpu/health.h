@@ -22,10 +22,6 @@ std::string MdevUnhealthyReason(const HostPaths& paths, const Mdev& mdev, const 
 // "" when the VF's group node (or, with iommufd, its cdevs) exists; else "no IOMMU group" or "no <node>".
 std::string VfUnhealthyReason(const HostPaths& paths, const pci::Function& vf, bool iommufd);
 
-// Why discovered vGPUs are not served, one line each naming the device: unreadable devices, SR-IOV types whose
-// name is unknown, both frameworks on one node. The frontends log them (and report them as events).
-std::vector<std::string> DiscoveryProblems(const Discovery& discovery);
-
 // Why a vGPU advertised before (an mdev UUID or an SR-IOV vGPU's VF BDF) is not found in `discovery` now.
 class GoneReasons {
  public:
