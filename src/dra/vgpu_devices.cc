@@ -19,7 +19,7 @@ std::string NamePart(const std::string& resource_name) { return resource_name.su
 
 // What both frameworks publish: the name, resourceName, vgpuType, the card's product name, the group, the taint.
 VgpuDevice Common(std::string name, std::string_view driver, const std::string& resource_name,
-                  const std::string& type_name, const pci::Function* card, const names::PciIdsDatabase* pci_ids,
+                  const pci::Function* card, const names::PciIdsDatabase* pci_ids, const std::string& type_name,
                   std::optional<int> group, std::string unhealthy_reason) {
   VgpuDevice vgpu{.resource_name = resource_name, .iommu_group = group};
   vgpu.device.unhealthy_reason = std::move(unhealthy_reason);
@@ -60,7 +60,7 @@ VgpuDevices BuildVgpuDevices(const HostPaths& paths, const pci::Inventory& inven
     if (card != nullptr && card->physfn) {
       if (const pci::Function* pf = inventory.Find(*card->physfn)) card = pf;
     }
-    VgpuDevice vgpu = Common(MdevDeviceName(mdev.uuid), driver, entry.resource_name, mdev.type_name, card, pci_ids,
+    VgpuDevice vgpu = Common(MdevDeviceName(mdev.uuid), driver, entry.resource_name, card, pci_ids, mdev.type_name,
                              mdev.iommu_group, vgpu::MdevUnhealthyReason(paths, mdev, entry.parent));
     vgpu.mdev = true;
     vgpu.id = mdev.uuid;
@@ -73,9 +73,8 @@ VgpuDevices BuildVgpuDevices(const HostPaths& paths, const pci::Inventory& inven
   }
   for (const vgpu::ServedVf& entry : served.vfs) {
     const pci::Function& fn = *entry.vf;
-    VgpuDevice vgpu = Common(VfDeviceName(fn.bdf), driver, entry.resource_name, entry.vgpu->type_name,
-                             entry.pf != nullptr ? entry.pf : &fn, pci_ids, fn.iommu_group,
-                             vgpu::VfUnhealthyReason(paths, fn, iommufd));
+    VgpuDevice vgpu = Common(VfDeviceName(fn.bdf), driver, entry.resource_name, entry.pf != nullptr ? entry.pf : &fn,
+                             pci_ids, entry.vgpu->type_name, fn.iommu_group, vgpu::VfUnhealthyReason(paths, fn, iommufd));
     vgpu.id = fn.bdf;
     vgpu.vfio_cdevs = fn.vfio_cdevs;
     vgpu.device.bdf = fn.bdf;
