@@ -1,10 +1,11 @@
-# Sourced by scripts/demo.sh and scripts/demo-vgpu.sh from the repository's root, with $repo set: sets the machine
-# up (root, Debian 12), builds the agent and both simulators (or takes them from $BUILD_DIR), and what both demos
+# Sourced by scripts/demo.sh, scripts/demo-vgpu.sh and scripts/demo-dra.sh from the repository's root, with $repo set: sets the machine
+# up (root, Debian 12), builds the agent and the simulators (or takes them from $BUILD_DIR), and what both demos
 # print with.
 
-scripts/install-deps.sh
+# A given build was made on a machine set up already.
+[ -n "${BUILD_DIR:-}" ] || scripts/install-deps.sh
 modprobe fuse 2>/dev/null || true
-[ -n "${BUILD_DIR:-}" ] || scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim >/dev/null
+[ -n "${BUILD_DIR:-}" ] || scripts/build.sh release --target vfio-gpu-agent sysfs-sim kubelet-sim kubelet-dra-sim >/dev/null
 bin=${BUILD_DIR:-$repo/build/release}
 agent=$bin/src/cli/vfio-gpu-agent
 sim=$bin/tests/sim/sysfs_sim/sysfs-sim
@@ -23,4 +24,16 @@ show_kubelet_report() {
   done
   cat "$file"
   grep -q '^Allocatable:' "$file"
+}
+
+# mount_node NODE_FILE ROOT: sysfs-sim serves NODE_FILE at ROOT/sys (FUSE) with its devices in ROOT/dev; sets
+# sim_pid and returns once the mount is ready (the simulator's READY line, printed).
+mount_node() {
+  mkfifo "$2.ready"
+  "$sim" --node "$1" --root "$2" > "$2.ready" &
+  sim_pid=$!
+  local ready_line
+  read -r ready_line < "$2.ready"
+  rm -f "$2.ready"
+  echo "$ready_line"
 }

@@ -5,9 +5,11 @@
 # (root, Debian 12), takes seconds once built, and leaves nothing behind.
 # Usage: scripts/demo.sh [node-file]     (default tests/sim/nodes/hgx-h200-8gpu.json)
 #        scripts/demo.sh --vgpu          (vGPU nodes, mdev and SR-IOV: scripts/demo-vgpu.sh)
+#        scripts/demo.sh --dra           (the kubelet DRA driver: slices, a claim prepared: scripts/demo-dra.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--vgpu" ] && exec scripts/demo-vgpu.sh
+[ "${1:-}" = "--dra" ] && exec scripts/demo-dra.sh
 repo=$PWD
 node=${1:-$repo/tests/sim/nodes/hgx-h200-8gpu.json}
 
@@ -25,11 +27,7 @@ cleanup() {
 trap cleanup EXIT
 
 step "simulated node: $(basename "$node") mounted at $work/node/sys (FUSE) with devices in $work/node/dev"
-mkfifo "$work/ready"
-"$sim" --node "$node" --root "$work/node" > "$work/ready" &
-sim_pid=$!
-read -r ready_line < "$work/ready"
-echo "$ready_line"
+mount_node "$node" "$work/node"
 
 roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc"
        --kubelet-dir "$work/kubelet" --modules-root "$work/modules-none")

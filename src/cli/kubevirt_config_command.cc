@@ -20,7 +20,7 @@ std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
       {"ids", "VID:DID,...", "these device ids instead of the host's selected GPUs (the host is not read)", "", true},
       {"format", "F", "cozystack (platform values, only entries missing from the default table), kubevirt-patch "
                       "(merge patch for a plain KubeVirt CR, every entry) or dra (DeviceClasses, ResourceClaimTemplates "
-                      "and VM snippets for a DRA node); --workload vm-vgpu: kubevirt-patch only",
+                      "and VM snippets for a DRA node); --workload vm-vgpu: kubevirt-patch or dra",
        "cozystack; kubevirt-patch with --workload vm-vgpu"},
       {"dra-driver-name", "NAME", "with --format dra: the DRA driver name the node's agent runs with",
        std::string(dra::kDefaultDriverName)},
@@ -77,17 +77,18 @@ absl::StatusOr<std::vector<std::pair<uint16_t, uint16_t>>> IdsFromHost(const Com
 }
 
 // vm-vgpu: the entries for the vGPU types this node has now (mediatedDevices for mdev types, pciHostDevices for
-// SR-IOV profiles), read-only.
-int PrintVgpuEntries(const ParsedCommand& cmd, std::ostream& out) {
+// SR-IOV profiles), or with --format dra the DRA objects for them, read-only.
+int PrintVgpuEntries(const ParsedCommand& cmd, const std::string& driver, std::ostream& out) {
   if (cmd.flags.Has("ids")) {
     std::cerr << "vfio-gpu-agent kubevirt-config: --ids names PCI ids, not vGPU types; --workload vm-vgpu reads the "
                  "host's vGPUs\n";
     return kExitUsage;
   }
-  if (cmd.flags.Get("format", "kubevirt-patch") != "kubevirt-patch") {
-    std::cerr << "vfio-gpu-agent kubevirt-config: --workload vm-vgpu prints a KubeVirt merge patch only (--format "
-                 "kubevirt-patch): its mediatedDevices entries have no place in Cozystack's gpu.permittedHostDevices "
-                 "values that the agent could check\n";
+  const std::string format = cmd.flags.Get("format", "kubevirt-patch");
+  if (format != "kubevirt-patch" && format != "dra") {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --workload vm-vgpu prints a KubeVirt merge patch (--format "
+                 "kubevirt-patch) or the DRA objects (--format dra): its mediatedDevices entries have no place in "
+                 "Cozystack's gpu.permittedHostDevices values that the agent could check\n";
     return kExitUsage;
   }
   auto inventory = pci::Scan(cmd.common.paths.sysfs_root, {.detail_vendor = pci::kVendorNvidia, .driver_override = false});
@@ -98,9 +99,17 @@ int PrintVgpuEntries(const ParsedCommand& cmd, std::ostream& out) {
   const vgpu::Discovery discovery = validation::DiscoverVgpusReadOnly(
       cmd.common.paths.sysfs_root, *inventory,
       std::filesystem::path(cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt");
-  const auto entries = validation::VgpuPermittedEntries(discovery, *inventory, cmd.common.resource_domain);
-  out << validation::VgpuKubevirtMergePatchYaml(entries);
-  if (entries.empty()) {
+  bool none = false;
+  if (format == "dra") {
+    const auto models = validation::VgpuDraModels(discovery, cmd.common.resource_domain);
+    out << validation::DraConfigYaml(models, driver);
+    none = models.empty();
+  } else {
+    const auto entries = validation::VgpuPermittedEntries(discovery, *inventory, cmd.common.resource_domain);
+    out << validation::VgpuKubevirtMergePatchYaml(entries);
+    none = entries.empty();
+  }
+  if (none) {
     std::cerr << "vfio-gpu-agent kubevirt-config: no vGPU on this node (see `vfio-gpu-agent validate --workload "
                  "vm-vgpu --layers vgpu`)\n";
     return kExitNotReady;
@@ -120,20 +129,21 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
           "is no GPU to describe. With --format dra: the DeviceClasses (one per GPU model, with the model's\n"
           "extended-resource name), a ResourceClaimTemplate per model for 1 and for all of its GPUs, and the\n"
           "VirtualMachine fields that use them. With --workload vm-vgpu: the entries for this node's vGPU types\n"
-          "instead (mediatedDevices for mdev types, pciHostDevices for SR-IOV profiles) as a merge patch.",
+          "instead (mediatedDevices for mdev types, pciHostDevices for SR-IOV profiles) as a merge patch, or with\n"
+          "--format dra the same DRA objects per vGPU type.",
           KubevirtConfigFlagSpecs(), args, out, &cmd)) {
     return *exit;
-  }
-  if (cmd.common.workload == Workload::kVmVgpu) return PrintVgpuEntries(cmd, out);
-  const std::string format = cmd.flags.Get("format", "cozystack");
-  if (format != "cozystack" && format != "kubevirt-patch" && format != "dra") {
-    std::cerr << "vfio-gpu-agent kubevirt-config: --format \"" << format
-              << "\" is not one of cozystack, kubevirt-patch, dra\n";
-    return kExitUsage;
   }
   const std::string driver = cmd.flags.Get("dra-driver-name", std::string(dra::kDefaultDriverName));
   if (absl::Status valid = dra::ValidateDriverName(driver); !valid.ok()) {
     std::cerr << "vfio-gpu-agent kubevirt-config: --dra-driver-name: " << valid.message() << "\n";
+    return kExitUsage;
+  }
+  if (cmd.common.workload == Workload::kVmVgpu) return PrintVgpuEntries(cmd, driver, out);
+  const std::string format = cmd.flags.Get("format", "cozystack");
+  if (format != "cozystack" && format != "kubevirt-patch" && format != "dra") {
+    std::cerr << "vfio-gpu-agent kubevirt-config: --format \"" << format
+              << "\" is not one of cozystack, kubevirt-patch, dra\n";
     return kExitUsage;
   }
   auto ids = cmd.flags.Has("ids") ? IdsFromFlags(cmd.flags) : IdsFromHost(cmd.common, format == "dra");

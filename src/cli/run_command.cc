@@ -97,10 +97,6 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   absl::StatusOr<bool> use_dra = DraSelected(cmd);
   if (!use_dra.ok()) return use_dra.status();
   if (*use_dra) {
-    if (options.serve.workload == Workload::kVmVgpu) {
-      return absl::InvalidArgumentError("--kubelet-api dra serves passthrough GPUs; --workload vm-vgpu needs the "
-                                        "device plugin");
-    }
     absl::StatusOr<dra::DriverOptions> dra = DraOptionsFromFlags(cmd, db);
     if (!dra.ok()) return dra.status();
     options.dra = *std::move(dra);

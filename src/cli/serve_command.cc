@@ -176,6 +176,8 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   absl::StatusOr<plugin::ServeOptions> serve = ServeOptionsFromFlags(cmd, db);  // --rescan-interval, one parser
   if (!serve.ok()) return serve.status();
   options.rescan_interval = serve->rescan_interval;
+  options.workload = serve->workload;
+  options.vgpu_catalog_file = serve->vgpu_catalog_file;
   const std::filesystem::path kubeconfig = cmd.flags.Get("kubeconfig");
   absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
       kube::ConnectResourceClaimReader({.kubeconfig = kubeconfig});

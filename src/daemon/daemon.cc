@@ -219,6 +219,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   std::optional<Readiness> DraReadiness(const std::vector<std::string>& required,
                                         const plugin::DeviceSnapshot& expected);
   Readiness EvaluateVgpu();
+  // vm-vgpu with --kubelet-api dra: the vGPUs the driver publishes, the driver registered, its slices written.
+  Readiness EvaluateVgpuDra();
+  // The driver registered with the kubelet and its slices written; nullopt when both hold.
+  std::optional<Readiness> DraServing();
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
   void Settle(Readiness* readiness);
@@ -487,10 +491,10 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
   // Before the plugin's first snapshot, so that it already advertises the vGPUs made now.
   ApplyVgpuProfiles();
   if (!serving_) {
-    if (absl::Status status = agent_->Start(); !status.ok()) return status;
+    if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
     serving_ = true;
   }
-  const plugin::DeviceSnapshot served = agent_->Snapshot();
+  const plugin::DeviceSnapshot served = agent_->Snapshot();  // empty with the DRA driver, which is not the agent
   PublishDevices(pci::Selection{}, served);
   Conclude(WithHeld(EvaluateVgpu()), start);
   // A freed vGPU raises nothing the loop waits on (the VM closing its group node is no directory change).
@@ -1070,6 +1074,10 @@ std::optional<Readiness> Daemon::Impl::DraReadiness(const std::vector<std::strin
                      .message = absl::StrCat("dra.published: bound but not published healthy yet: ",
                                              absl::StrJoin(behind, ","))};
   }
+  return DraServing();
+}
+
+std::optional<Readiness> Daemon::Impl::DraServing() {
   if (const dra::RegistrationStatus registration = dra_->Registration(); !registration.registered) {
     return Readiness{.ready = false, .check_id = "dra.registered", .reason = "NotRegistered",
                      .message = absl::StrCat("dra.registered: the kubelet has not accepted DRA driver ",
@@ -1083,9 +1091,25 @@ std::optional<Readiness> Daemon::Impl::DraReadiness(const std::vector<std::strin
   return std::nullopt;
 }
 
+Readiness Daemon::Impl::EvaluateVgpuDra() {
+  metrics_.SetValidation(host_checks_);
+  const std::vector<dra::GpuDevice> devices = dra_->Devices();
+  const auto healthy = std::count_if(devices.begin(), devices.end(), [](const auto& d) { return d.healthy(); });
+  if (devices.empty()) {
+    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices",
+            .message = "no vGPU on this node (none created yet); nothing to publish"};
+  }
+  if (std::optional<Readiness> failing = DraServing()) return *failing;
+  const auto unhealthy = static_cast<std::ptrdiff_t>(devices.size()) - healthy;
+  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
+          .message = absl::StrCat(healthy, " vGPUs healthy and published as DRA devices",
+                                  unhealthy == 0 ? "" : absl::StrCat("; ", unhealthy, " unhealthy"))};
+}
+
 // A vGPU's health is not the node's readiness: vGPUs come and go with the profile config (a removed one stays
 // listed Unhealthy for a while), and each change is an event of its own (PublishDevices).
 Readiness Daemon::Impl::EvaluateVgpu() {
+  if (dra_) return EvaluateVgpuDra();
   const plugin::DeviceSnapshot served = agent_->Snapshot();
   int healthy = 0, unhealthy = 0;
   for (const auto& [name, resource] : served.resources) {

@@ -50,8 +50,10 @@ void AddNode(cdi::v1::ContainerEdits* edits, const std::string& path) {
 }
 
 Json DeviceJson(const PreparedDevice& device) {
-  return {{"request", device.request}, {"pool", device.pool}, {"device", device.device}, {"bdf", device.bdf},
-          {"cdiDeviceIds", device.cdi_ids}};
+  Json json = {{"request", device.request}, {"pool", device.pool}, {"device", device.device}, {"bdf", device.bdf},
+               {"cdiDeviceIds", device.cdi_ids}};
+  if (!device.mdev_uuid.empty()) json["mdevUUID"] = device.mdev_uuid;
+  return json;
 }
 
 Json CheckpointJson(const PreparedClaim& claim) {
@@ -81,7 +83,7 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
                       .metadata_dir = str(json, "metadataDir")};
   for (const Json& device : json["devices"]) {
     PreparedDevice entry{.request = str(device, "request"), .pool = str(device, "pool"), .device = str(device, "device"),
-                         .bdf = str(device, "bdf")};
+                         .bdf = str(device, "bdf"), .mdev_uuid = str(device, "mdevUUID")};
     if (device.contains("cdiDeviceIds") && device["cdiDeviceIds"].is_array()) {
       for (const Json& id : device["cdiDeviceIds"]) {
         if (id.is_string()) entry.cdi_ids.push_back(id.get<std::string>());
@@ -98,14 +100,28 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
   return claim;
 }
 
+// What KubeVirt reads a device from: the bare mdevUUID of an mdev vGPU, else the PCI address (a GPU, an SR-IOV
+// vGPU's VF).
+Json MetadataAttributes(const std::vector<PreparedDevice>& prepared, const std::string& device) {
+  Json attributes = Json::object();
+  for (const PreparedDevice& entry : prepared) {
+    if (entry.device != device) continue;
+    if (!entry.mdev_uuid.empty()) {
+      attributes[std::string(kMdevUuidAttribute)] = {{"string", entry.mdev_uuid}};
+    } else {
+      attributes[kPciBusIdAttribute] = {{"string", entry.bdf}};
+    }
+  }
+  return attributes;
+}
+
 // The KEP-5304 metadata of one request: a JSON stream holding the v1alpha1 object (the one version KubeVirt reads).
 std::string MetadataJson(const kube::ResourceClaim& claim, const std::string& driver,
-                         const std::vector<const kube::AllocationResult*>& results) {
+                         const std::vector<const kube::AllocationResult*>& results,
+                         const std::vector<PreparedDevice>& prepared) {
   std::map<std::string, Json> requests;  // full request name -> devices
   for (const kube::AllocationResult* result : results) {
-    absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
-    Json attributes = Json::object();
-    if (bdf.ok()) attributes[kPciBusIdAttribute] = {{"string", *bdf}};
+    Json attributes = MetadataAttributes(prepared, result->device);
     requests[result->request].push_back(
         {{"driver", driver}, {"pool", result->pool}, {"name", result->device}, {"attributes", std::move(attributes)}});
   }
@@ -148,7 +164,8 @@ drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
 ClaimPreparer::ClaimPreparer(const DriverOptions& options)
     : options_(options),
       names_(options.pci_ids, options.domain, options.overrides),
-      plugin_dir_(options.plugins_dir / options.driver_name) {
+      plugin_dir_(options.plugins_dir / options.driver_name),
+      vgpu_catalog_(options.vgpu_catalog_file) {
   if (options.bind_on_prepare) bind_.emplace(options.paths, options.policy);
 }
 
@@ -344,7 +361,7 @@ void ClaimPreparer::AddExtendedResourceEnv(const std::vector<PreparedDevice>& de
 
 absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& scanned,
                                                         const pci::Selection& scanned_selection,
-                                                        absl::Time call_start) {
+                                                        absl::Time call_start, const VgpuView* vgpus) {
   const std::string ref = ClaimRef(request);
   if (!IsSafeUid(request.uid())) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
   if (!options_.get_claim) {
@@ -409,6 +426,13 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
                          .drivers_before_bind = bound};
   std::map<std::string, std::vector<const kube::AllocationResult*>> by_request;
   for (const kube::AllocationResult* result : ours) {
+    if (vgpus != nullptr) {
+      if (absl::Status added = AddVgpu(*result, *vgpus, kind, spec, prepared); !added.ok()) {
+        return absl::Status(added.code(), absl::StrCat(ref, ": ", added.message()));
+      }
+      by_request[BaseRequest(result->request)].push_back(result);
+      continue;
+    }
     absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
     if (!bdf.ok()) return absl::InvalidArgumentError(absl::StrCat(ref, ": ", bdf.status().message()));
     if (absl::Status device = CheckDevice(*bdf, result->device, inventory, selection, claim->uid); !device.ok()) {
@@ -436,7 +460,13 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
 
   if (auto it = claim->annotations.find(kExtendedResourceClaimAnnotation);
       it != claim->annotations.end() && it->second == "true") {
-    AddExtendedResourceEnv(prepared.devices, inventory, selection, spec.mutable_container_edits());
+    if (vgpus != nullptr) {
+      std::vector<std::string> names;
+      for (const PreparedDevice& device : prepared.devices) names.push_back(device.device);
+      vgpus->AddExtendedResourceEnv(names, spec.mutable_container_edits());
+    } else {
+      AddExtendedResourceEnv(prepared.devices, inventory, selection, spec.mutable_container_edits());
+    }
   }
 
   // One metadata file per request, bind-mounted by its own CDI device, whose ID goes with the request's first device.
@@ -450,7 +480,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     mount->set_container_path(MetadataContainerPath(*claim, options_.driver_name, request_name));
     mount->add_options("ro");
     mount->add_options("bind");
-    metadata_files.emplace_back(host, MetadataJson(*claim, options_.driver_name, results));
+    metadata_files.emplace_back(host, MetadataJson(*claim, options_.driver_name, results, prepared.devices));
     for (PreparedDevice& device : prepared.devices) {
       if (device.request == request_name) {
         device.cdi_ids.push_back(absl::StrCat(kind, "=", cdi_name));
@@ -492,6 +522,7 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
   // Read once per call, and only when some claim is new: a repeat (the kubelet after a restart) costs no scan.
   std::optional<absl::StatusOr<pci::Inventory>> inventory;
   pci::Selection selection;
+  std::optional<absl::StatusOr<VgpuView>> vgpus;  // vm-vgpu only
   for (const drav1::Claim& claim : request.claims()) {
     drav1::NodePrepareResourceResponse& entry = (*response.mutable_claims())[claim.uid()];
     if (auto it = prepared_.find(claim.uid()); it != prepared_.end()) {
@@ -502,19 +533,26 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
       inventory = pci::Scan(options_.paths.sysfs_root,
                             {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
       if (inventory->ok()) selection = pci::Select(**inventory, options_.policy);
+      if (inventory->ok() && options_.workload == Workload::kVmVgpu) {
+        vgpus = VgpuView::Discover(options_.paths, **inventory, vgpu_catalog_, options_.domain, options_.driver_name);
+      }
     }
-    if (!inventory->ok()) {
-      entry.set_error(absl::StrCat(ClaimRef(claim), ": ", inventory->status().message()));
+    if (!inventory->ok() || (vgpus && !vgpus->ok())) {
+      const absl::Status& failed = !inventory->ok() ? inventory->status() : vgpus->status();
+      entry.set_error(absl::StrCat(ClaimRef(claim), ": ", failed.message()));
       continue;
     }
-    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, **inventory, selection, start);
+    absl::StatusOr<PreparedClaim> prepared =
+        PrepareOne(claim, **inventory, selection, start, vgpus ? &**vgpus : nullptr);
     if (!prepared.ok()) {
       spdlog::warn("DRA prepare: {}", std::string(prepared.status().message()));
       entry.set_error(std::string(prepared.status().message()));
       continue;
     }
     std::vector<std::string> bdfs;
-    for (const PreparedDevice& device : prepared->devices) bdfs.push_back(device.bdf);
+    for (const PreparedDevice& device : prepared->devices) {
+      bdfs.push_back(device.mdev_uuid.empty() ? device.bdf : device.mdev_uuid);
+    }
     spdlog::info("DRA prepare: {}: {}", ClaimRef(claim), absl::StrJoin(bdfs, ","));
     entry = ToResponse(*prepared);
     prepared_[claim.uid()] = *std::move(prepared);

@@ -19,6 +19,8 @@
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
+#include "vgpu_claims.h"
 
 namespace vfio_agent::dra::internal {
 
@@ -27,7 +29,8 @@ struct PreparedDevice {
   std::string request;  // base request name (subrequest dropped)
   std::string pool;
   std::string device;
-  std::string bdf;
+  std::string bdf;        // the GPU, or the SR-IOV vGPU's VF; "" for an mdev
+  std::string mdev_uuid;  // an mdev vGPU's UUID; "" otherwise
   std::vector<std::string> cdi_ids;
 };
 
@@ -60,14 +63,20 @@ class ClaimPreparer final : public ClaimHandler {
 
  private:
   // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
+  // `vgpus`: the node's vGPUs on a vm-vgpu node (the claim's devices are vGPUs), null otherwise.
   absl::StatusOr<PreparedClaim> PrepareOne(const drav1::Claim& claim, const pci::Inventory& inventory,
-                                           const pci::Selection& selection, absl::Time call_start);
+                                           const pci::Selection& selection, absl::Time call_start,
+                                           const VgpuView* vgpus);
   // --bind-on-prepare: the allocated devices' groups onto vfio-pci (a device another claim holds is refused
   // before anything is written).
   absl::StatusOr<RecordedDrivers> BindDevices(const std::vector<std::string>& bdfs, const std::string& uid,
                                               absl::Time call_start) const;
   // The claim held by no other prepared claim (by UID) than `uid`, or the error naming the one that holds it.
   absl::Status CheckNotHeld(const std::string& bdf, const std::string& device, const std::string& uid) const;
+  // A vGPU device of the claim (vm-vgpu): checked (preparable, held by no other prepared claim), its device nodes
+  // added to `spec` and its entry to `prepared`. Never binds anything.
+  absl::Status AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus, const std::string& kind,
+                       cdi::v1::Spec& spec, PreparedClaim& prepared) const;
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
                            const pci::Selection& selection, const std::string& uid) const;
   // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
@@ -90,6 +99,7 @@ class ClaimPreparer final : public ClaimHandler {
   std::optional<BindOnPrepare> bind_;  // with --bind-on-prepare
   std::string boot_id_;
   std::map<std::string, PreparedClaim> prepared_;  // by claim UID
+  vgpu::CatalogStore vgpu_catalog_;  // vm-vgpu: names the SR-IOV vGPUs of a full card
 };
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);

@@ -15,6 +15,8 @@ namespace {
 
 constexpr size_t kMaxAttributeString = 64;  // resource.k8s.io/v1 DeviceAttributeMaxValueLength
 
+}  // namespace
+
 std::string Qualified(std::string_view driver, std::string_view attribute) {
   return absl::StrCat(std::string(driver), "/", std::string(attribute));
 }
@@ -23,7 +25,11 @@ kube::DeviceTaint UnhealthyTaint(std::string_view driver) {
   return {.key = Qualified(driver, kUnhealthyTaint), .effect = "NoSchedule"};
 }
 
-}  // namespace
+std::optional<std::string> ProductName(const names::PciIdsDatabase* pci_ids, uint16_t vendor_id, uint16_t device_id) {
+  std::optional<std::string> product = pci_ids == nullptr ? std::nullopt : pci_ids->DeviceName(vendor_id, device_id);
+  if (product) product->resize(std::min(product->size(), kMaxAttributeString));
+  return product;
+}
 
 std::string PcieRoot(const HostPaths& paths, const std::string& bdf) {
   std::error_code ec;
@@ -68,9 +74,8 @@ std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory
     if (auto name = resolved.find(names::NameKey(fn->vendor_id, fn->device_id)); name != resolved.end()) {
       slice.attributes[Qualified(driver, kResourceNameAttribute)] = kube::DeviceAttribute::String(name->second.name);
     }
-    if (std::optional<std::string> product = pci_ids == nullptr ? std::nullopt : pci_ids->DeviceName(fn->vendor_id, fn->device_id)) {
-      slice.attributes[Qualified(driver, kProductNameAttribute)] =
-          kube::DeviceAttribute::String(product->substr(0, kMaxAttributeString));
+    if (std::optional<std::string> product = ProductName(pci_ids, fn->vendor_id, fn->device_id)) {
+      slice.attributes[Qualified(driver, kProductNameAttribute)] = kube::DeviceAttribute::String(*product);
     }
     slice.attributes[Qualified(driver, kVendorIdAttribute)] =
         kube::DeviceAttribute::String(absl::StrFormat("0x%04x", fn->vendor_id));

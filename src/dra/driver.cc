@@ -6,6 +6,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <optional>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -22,6 +24,9 @@
 #include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
+#include "vfio_gpu_agent/dra/vgpu_devices.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -82,6 +87,7 @@ class Driver::Impl {
           if (accepted) WakeForRegistration();
         }),
         claims_(options_),
+        vgpu_catalog_(options_.vgpu_catalog_file),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
@@ -90,6 +96,12 @@ class Driver::Impl {
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
+    if (options_.workload == Workload::kVmVgpu) {
+      if (absl::Status loaded = vgpu_catalog_.Load(); !loaded.ok()) {
+        spdlog::warn("DRA vGPUs: {}; starting with no remembered catalog (rewritten when a card lists its types)",
+                     loaded.ToString());
+      }
+    }
     if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
     Rescan();  // the health stream's first message is the real list, never an empty one
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
@@ -101,9 +113,9 @@ class Driver::Impl {
       return registration.status();
     }
     registration_server_ = *std::move(registration);
-    spdlog::info("DRA driver {}: serving {} and registration on {} ({} GPUs, pool {})", options_.driver_name,
+    spdlog::info("DRA driver {}: serving {} and registration on {} ({} {}, pool {})", options_.driver_name,
                  DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
-                 options_.node_name);
+                 options_.workload == Workload::kVmVgpu ? "vGPUs" : "GPUs", options_.node_name);
     loop_ = std::thread([this] { Loop(); });
     if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
     return absl::OkStatus();
@@ -170,11 +182,17 @@ class Driver::Impl {
       spdlog::error("DRA rescan: {}; keeping the previous device list", inventory.status().ToString());
       return;
     }
-    const pci::Selection selection = pci::Select(*inventory, options_.policy);
     std::vector<GpuDevice> previous = Devices();
-    std::vector<GpuDevice> next =
-        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous,
-                     options_.bind_on_prepare);
+    std::vector<GpuDevice> next;
+    if (options_.workload == Workload::kVmVgpu) {
+      std::optional<std::vector<GpuDevice>> vgpus = Vgpus(*inventory, previous);
+      if (!vgpus) return;
+      next = *std::move(vgpus);
+    } else {
+      const pci::Selection selection = pci::Select(*inventory, options_.policy);
+      next = BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name,
+                          previous, options_.bind_on_prepare);
+    }
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
     {
@@ -185,11 +203,34 @@ class Driver::Impl {
     slices_stale_ = true;
   }
 
+  // vm-vgpu: the node's vGPUs; nullopt (the previous list kept) when they cannot be discovered. Each problem
+  // (a vGPU not published, and why) is logged once while it lasts: the safety rescan must not repeat it.
+  std::optional<std::vector<GpuDevice>> Vgpus(const pci::Inventory& inventory, const std::vector<GpuDevice>& previous) {
+    absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, inventory, vgpu_catalog_);
+    if (!discovery.ok()) {
+      spdlog::error("DRA vGPU discovery: {}; keeping the previous device list", discovery.status().ToString());
+      return std::nullopt;
+    }
+    VgpuDevices built = BuildVgpuDevices(options_.paths, inventory, *discovery, options_.pci_ids, options_.domain,
+                                         options_.driver_name, previous);
+    std::set<std::string> problems(built.problems.begin(), built.problems.end());
+    for (const std::string& problem : problems) {
+      if (!vgpu_problems_.contains(problem)) spdlog::warn("DRA vGPU: {}", problem);
+    }
+    for (const std::string& problem : vgpu_problems_) {
+      if (!problems.contains(problem)) spdlog::info("DRA vGPU: no longer: {}", problem);
+    }
+    vgpu_problems_ = std::move(problems);
+    std::vector<GpuDevice> devices;
+    for (VgpuDevice& vgpu : built.vgpus) devices.push_back(std::move(vgpu.device));
+    return devices;
+  }
+
   static void LogChanges(const std::vector<GpuDevice>& previous, const std::vector<GpuDevice>& next) {
     std::map<std::string, const GpuDevice*> before;
-    for (const GpuDevice& device : previous) before[device.bdf] = &device;
+    for (const GpuDevice& device : previous) before[device.slice.name] = &device;
     for (const GpuDevice& device : next) {
-      auto it = before.find(device.bdf);
+      auto it = before.find(device.slice.name);
       const bool was_healthy = it != before.end() && it->second->healthy();
       if (it != before.end() && was_healthy == device.healthy() && *it->second == device) continue;
       if (device.healthy()) {
@@ -324,6 +365,8 @@ class Driver::Impl {
   const names::NameResolver names_;
   internal::RegistrationService registration_;
   internal::ClaimPreparer claims_;
+  vgpu::CatalogStore vgpu_catalog_;        // vm-vgpu: the rescans' (the loop thread's)
+  std::set<std::string> vgpu_problems_;   // vm-vgpu: the last rescan's, logged once each
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
   internal::DraServiceV1beta1 v1beta1_;

@@ -7,7 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/names/resource_names.h"
-#include "vfio_nodes.h"
+#include "vfio_gpu_agent/vgpu/health.h"
+#include "vfio_gpu_agent/vgpu/served.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -23,62 +24,6 @@ ResourceDevices& ResourceFor(DeviceSnapshot& snapshot, const std::string& resour
   return resource;
 }
 
-std::string GroupReason(const HostPaths& paths, const std::optional<int>& group, const std::vector<std::string>& cdevs,
-                        bool iommufd) {
-  if (!group) return "no IOMMU group";
-  return internal::MissingVfioNode(paths, *group, cdevs, iommufd);
-}
-
-std::string MdevUnhealthyReason(const HostPaths& paths, const vgpu::Mdev& mdev, const pci::Function* parent) {
-  if (parent == nullptr) return absl::StrCat("parent ", mdev.parent_bdf, " gone from sysfs");
-  if (parent->driver.empty()) return absl::StrCat("parent ", mdev.parent_bdf, " lost its driver");
-  return GroupReason(paths, mdev.iommu_group, {}, /*iommufd=*/false);
-}
-
-// Why a vGPU advertised before is not found now.
-class GoneReasons {
- public:
-  GoneReasons(const std::filesystem::path& sysfs_root, const pci::Inventory& inventory,
-              const vgpu::Discovery& discovery)
-      : sysfs_root_(sysfs_root), inventory_(inventory), discovery_(discovery) {
-    for (const vgpu::DeviceError& error : discovery.errors) errors_.emplace(error.device, &error);
-  }
-
-  std::string Of(DeviceIdKind kind, const std::string& id) const {
-    if (!discovery_.framework.ok()) return std::string(discovery_.framework.status().message());
-    if (auto error = errors_.find(id); error != errors_.end()) {
-      return absl::StrCat("unreadable: ", error->second->status.message());
-    }
-    return kind == DeviceIdKind::kMdevUuid ? OfMdev(id) : OfVf(id);
-  }
-
- private:
-  std::string OfMdev(const std::string& uuid) const {
-    for (const vgpu::Mdev& mdev : discovery_.mdevs) {
-      if (mdev.uuid == uuid) return absl::StrCat("now of type ", mdev.type_name);
-    }
-    return absl::StrCat("mdev removed (no ", (sysfs_root_ / "bus/mdev/devices" / uuid).string(), ")");
-  }
-
-  std::string OfVf(const std::string& bdf) const {
-    const pci::Function* fn = inventory_.Find(bdf);
-    if (fn == nullptr) return "gone from sysfs";
-    if (fn->driver != vgpu::kNvidiaDriver) return fn->driver.empty() ? "no driver" : absl::StrCat("driver ", fn->driver);
-    for (const vgpu::SriovVgpu& vgpu : discovery_.vgpus) {
-      if (vgpu.bdf == bdf) return absl::StrCat("retyped to ", vgpu.type_name, " (type ", vgpu.type_id, ")");
-    }
-    for (const vgpu::UnresolvedVgpu& vgpu : discovery_.unresolved) {
-      if (vgpu.bdf == bdf) return absl::StrCat("retyped to vGPU type ", vgpu.type_id, ", whose name is unknown");
-    }
-    return "nvidia/current_vgpu_type is 0 (vGPU deleted)";
-  }
-
-  const std::filesystem::path& sysfs_root_;
-  const pci::Inventory& inventory_;
-  const vgpu::Discovery& discovery_;
-  std::map<std::string, const vgpu::DeviceError*> errors_;
-};
-
 }  // namespace
 
 VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
@@ -87,57 +32,36 @@ VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inv
   VgpuSnapshot out;
   DeviceSnapshot& snapshot = out.snapshot;
   snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
-  for (const vgpu::DeviceError& error : discovery.errors) {
-    out.problems.push_back(absl::StrCat(error.device.empty() ? "vGPU catalog" : error.device, ": ",
-                                        error.status.message()));
+  vgpu::ServedVgpus served = vgpu::ServedVgpusOf(discovery, inventory, domain);
+  out.problems = std::move(served.problems);
+  for (const vgpu::ServedMdev& entry : served.mdevs) {
+    const vgpu::Mdev& mdev = *entry.mdev;
+    PluginDevice device;
+    device.id = mdev.uuid;
+    device.unhealthy_reason = vgpu::MdevUnhealthyReason(paths, mdev, entry.parent);
+    device.healthy = device.unhealthy_reason.empty();
+    device.numa_node = entry.parent != nullptr ? entry.parent->numa_node : std::nullopt;
+    device.iommu_group = mdev.iommu_group;
+    device.group_functions = {mdev.uuid};
+    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
   }
-  for (const vgpu::UnresolvedVgpu& vgpu : discovery.unresolved) {
-    out.problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ", vgpu.reason));
-  }
-  if (!discovery.framework.ok()) {
-    out.problems.push_back(absl::StrCat("vGPUs not served: ", discovery.framework.status().message()));
-  } else {
-    for (const vgpu::Mdev& mdev : discovery.mdevs) {
-      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, mdev.type_name);
-      if (!name.ok()) {
-        out.problems.push_back(absl::StrCat(mdev.uuid, ": not advertised: ", name.status().message()));
-        continue;
-      }
-      const pci::Function* parent = inventory.Find(mdev.parent_bdf);
-      PluginDevice device;
-      device.id = mdev.uuid;
-      device.unhealthy_reason = MdevUnhealthyReason(paths, mdev, parent);
-      device.healthy = device.unhealthy_reason.empty();
-      device.numa_node = parent != nullptr ? parent->numa_node : std::nullopt;
-      device.iommu_group = mdev.iommu_group;
-      device.group_functions = {mdev.uuid};
-      ResourceFor(snapshot, *name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
-    }
-    for (const vgpu::SriovVgpu& vgpu : discovery.vgpus) {
-      absl::StatusOr<std::string> name = names::VgpuResourceName(domain, vgpu.type_name);
-      const pci::Function* fn = inventory.Find(vgpu.bdf);
-      if (!name.ok() || fn == nullptr) {
-        out.problems.push_back(absl::StrCat(vgpu.bdf, ": not advertised: ",
-                                            name.ok() ? "not in the PCI inventory" : name.status().message()));
-        continue;
-      }
-      const pci::Function* pf = inventory.Find(vgpu.pf_bdf);
-      PluginDevice device;
-      device.id = vgpu.bdf;
-      device.unhealthy_reason = GroupReason(paths, fn->iommu_group, fn->vfio_cdevs, snapshot.iommufd);
-      device.healthy = device.unhealthy_reason.empty();
-      device.numa_node = pf != nullptr ? pf->numa_node : fn->numa_node;
-      device.iommu_group = fn->iommu_group;
-      device.group_functions = {vgpu.bdf};
-      device.vfio_cdevs = fn->vfio_cdevs;
-      ResourceFor(snapshot, *name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
-    }
+  for (const vgpu::ServedVf& entry : served.vfs) {
+    const pci::Function& fn = *entry.vf;
+    PluginDevice device;
+    device.id = fn.bdf;
+    device.unhealthy_reason = vgpu::VfUnhealthyReason(paths, fn, snapshot.iommufd);
+    device.healthy = device.unhealthy_reason.empty();
+    device.numa_node = entry.pf != nullptr ? entry.pf->numa_node : fn.numa_node;
+    device.iommu_group = fn.iommu_group;
+    device.group_functions = {fn.bdf};
+    device.vfio_cdevs = fn.vfio_cdevs;
+    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
   }
 
   auto by_id = [](const PluginDevice& a, const PluginDevice& b) { return a.id < b.id; };
   for (auto& [name, resource] : snapshot.resources) std::sort(resource.devices.begin(), resource.devices.end(), by_id);
 
-  const GoneReasons gone(paths.sysfs_root, inventory, discovery);
+  const vgpu::GoneReasons gone(paths.sysfs_root, inventory, discovery);
   std::map<std::string, std::vector<PluginDevice>> kept;  // by resource name
   for (const auto& entry : previous.resources) {
     const ResourceDevices& before = entry.second;
@@ -152,7 +76,8 @@ VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inv
       if (current != nullptr && current->Find(device.id) != nullptr) continue;
       PluginDevice& gone_device = kept[entry.first].emplace_back(device);
       gone_device.healthy = false;
-      gone_device.unhealthy_reason = gone.Of(before.id_kind, device.id);
+      gone_device.unhealthy_reason =
+          before.id_kind == DeviceIdKind::kMdevUuid ? gone.OfMdev(device.id) : gone.OfVf(device.id);
     }
   }
   for (auto& [name, devices] : kept) {

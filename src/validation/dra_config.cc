@@ -144,6 +144,19 @@ std::vector<DraModel> DraModels(const std::vector<std::pair<uint16_t, uint16_t>>
   return models;
 }
 
+std::vector<DraModel> VgpuDraModels(const vgpu::Discovery& discovery, std::string_view domain) {
+  std::map<std::string, int> vgpus;
+  auto count = [&](const std::string& type_name) {
+    if (absl::StatusOr<std::string> name = names::VgpuResourceName(domain, type_name); name.ok()) ++vgpus[*name];
+  };
+  for (const vgpu::Mdev& mdev : discovery.mdevs) count(mdev.type_name);
+  for (const vgpu::SriovVgpu& vgpu : discovery.vgpus) count(vgpu.type_name);
+  std::vector<DraModel> models;
+  models.reserve(vgpus.size());
+  for (const auto& [resource_name, n] : vgpus) models.push_back({resource_name, n});
+  return models;
+}
+
 std::string DeviceClassName(const std::string& resource_name, const std::string& driver) {
   return absl::StrCat(ModelLabel(resource_name), ".", driver);
 }
@@ -173,7 +186,8 @@ std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string
       "# so: kubectl apply -n <VM namespace> -f <this file>\n"
       "# VMs with claims need KubeVirt >= 1.9 (GPUsWithDRA). A VM asking for the GPU by deviceName runs unchanged\n"
       "# through the class's extendedResourceName (Kubernetes >= 1.36, DRAExtendedResource); KubeVirt still wants\n"
-      "# that name's permittedHostDevices entry (kubevirt-config --format cozystack or kubevirt-patch).\n");
+      "# that name's permittedHostDevices entry (kubevirt-config --format cozystack or kubevirt-patch; for vGPU types\n"
+      "# kubevirt-config --workload vm-vgpu).\n");
   absl::StrAppend(&text, docs.empty() ? "" : "---\n", absl::StrJoin(docs, "---\n"));
   for (const DraModel& model : models) {
     absl::StrAppend(&text, Commented(absl::StrCat("VirtualMachine with one ", NamePart(model.resource_name),

@@ -1,11 +1,13 @@
 // `vfio-gpu-agent run --kubelet-api dra` as a process on the simulated 8x H200 node: it binds as always, then
 // serves the GPUs as a DRA driver (registered with kubelet-dra-sim, health stream, ResourceSlices on the fake API
-// server) and never starts the device plugin; with --bind-on-prepare it binds nothing at start.
+// server) and never starts the device plugin; with --bind-on-prepare it binds nothing at start; on a vm-vgpu node it
+// publishes the vGPUs and binds nothing.
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 #include "gtest/gtest.h"
@@ -13,6 +15,7 @@
 #include "kubelet_dra_sim.h"
 #include "run_harness.h"
 #include "vfio_gpu_agent/dra/device_names.h"
+#include "vgpu/profile_configs.h"
 
 namespace vfio_agent::daemon::testing {
 namespace {
@@ -22,8 +25,8 @@ using plugin::testing::Node;
 
 constexpr char kDraDriver[] = "gpu.vfio-agent.cozystack.io";
 
-// The simulated 8x H200 node (every GPU on nvidia), the fake API server and kubelet-dra-sim, and `run --kubelet-api
-// dra` on them with `extra_args`.
+// A simulated node (by default the 8x H200 one, every GPU on nvidia), the fake API server and kubelet-dra-sim, and
+// `run --kubelet-api dra` on them with `extra_args`.
 struct DraNode {
   std::unique_ptr<Node> node;
   std::unique_ptr<sim::KubeApiSim> api;
@@ -32,7 +35,13 @@ struct DraNode {
   std::filesystem::path dir;
 
   void Start(const std::vector<std::string>& extra_args = {}) {
-    auto created = Node::Create("hgx-h200-8gpu.json");
+    ASSERT_NO_FATAL_FAILURE(Create("hgx-h200-8gpu.json"));
+    for (const std::string& bdf : kH200Gpus) ASSERT_EQ(DriverOf(*node, bdf), "nvidia");
+    ASSERT_NO_FATAL_FAILURE(Run(extra_args));
+  }
+
+  void Create(const std::string& node_file) {
+    auto created = Node::Create(node_file);
     ASSERT_TRUE(created.ok()) << created.status();
     node = *std::move(created);
     ASSERT_TRUE(node->StartKubelet({.pod_resources_socket = PodResourcesSocket(*node)}).ok());
@@ -45,15 +54,24 @@ struct DraNode {
     kubelet = std::make_unique<kubeletsim::dra::KubeletDraSim>(
         kubeletsim::dra::Options{.registry_dir = dir / "plugins_registry"});
     ASSERT_TRUE(kubelet->Start().ok());
-    for (const std::string& bdf : kH200Gpus) ASSERT_EQ(DriverOf(*node, bdf), "nvidia");
+  }
+
+  void Run(const std::vector<std::string>& extra_args) {
     std::vector<std::string> args = {"--kubelet-api", "dra", "--kubelet-registry-dir",
                                      (dir / "plugins_registry").string(), "--kubelet-plugins-dir",
                                      (dir / "plugins").string(), "--cdi-dir", (dir / "cdi").string(), "--kubeconfig",
-                                     kubeconfig->string(), "--node-name", "node-a"};
+                                     (dir / "kubeconfig").string(), "--node-name", "node-a"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     auto process = RunProcess::Start(*node, args);
     ASSERT_TRUE(process.ok()) << process.status();
     run = *std::move(process);
+  }
+
+  // One kubelet API a node: no device-plugin socket, nothing registered with the device-plugin kubelet.
+  void ExpectNoDevicePlugin() const {
+    for (const auto& entry : std::filesystem::directory_iterator(node->kubelet_dir())) {
+      EXPECT_FALSE(entry.path().filename().string().starts_with("kubevirt-")) << entry.path();
+    }
   }
 
   // Every GPU healthy on the health stream, under its address-derived name.
@@ -83,10 +101,7 @@ TEST(DraRunTest, BindsEveryGpuAndServesItAsADraDriverInsteadOfTheDevicePlugin) {
     auto slices = dra.api->Slices();
     return slices.ok() && slices->size() == 1 && (*slices)[0]["spec"]["devices"].size() == kH200Gpus.size();
   }));
-  // One kubelet API a node: no device-plugin socket, nothing registered with the device-plugin kubelet.
-  for (const auto& entry : std::filesystem::directory_iterator(dra.node->kubelet_dir())) {
-    EXPECT_FALSE(entry.path().filename().string().starts_with("kubevirt-")) << entry.path();
-  }
+  dra.ExpectNoDevicePlugin();
 
   const int status = run->SignalAndWait(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << run->Log();
@@ -145,6 +160,35 @@ TEST(DraRunTest, WithBindOnPrepareNothingIsBoundAtStartAndEveryGpuIsPublishedHea
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
 
+// vm-vgpu with DRA: the profiles of a config made, the vGPUs published one device each (never a GPU), nothing
+// bound to vfio-pci and no device-plugin socket.
+TEST(DraRunTest, VgpuWorkloadPublishesEachVgpuAsADraDeviceAndBindsNothing) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Create("vgpu-sriov-l40s-h200.json"));
+  std::ofstream(dra.dir / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
+  ASSERT_NO_FATAL_FAILURE(dra.Run({"--workload", "vm-vgpu", "--vgpu-config-file", (dra.dir / "vgpu-config.yaml").string(),
+                                   "--vgpu-config", "h200-small-3", "--state-dir", (dra.dir / "state").string()}));
+  EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
+  // Three H200X-1-18C on each H200, each a VF of its card: six devices named from their VFs.
+  EXPECT_TRUE(WaitUntil([&] {
+    auto slices = dra.api->Slices();
+    if (!slices.ok() || slices->size() != 1 || (*slices)[0]["spec"]["devices"].size() != 6) return false;
+    for (const auto& device : (*slices)[0]["spec"]["devices"]) {
+      if (!device["name"].get<std::string>().starts_with("vgpu-") ||
+          device["attributes"][std::string(kDraDriver) + "/resourceName"]["string"] != "NVIDIA_H200X-1-18C") {
+        return false;
+      }
+    }
+    return true;
+  })) << dra.run->Log();
+  dra.ExpectNoDevicePlugin();
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+  for (const std::string& line : dra.node->SimLog()) {
+    EXPECT_FALSE(line.starts_with("bind ") && line.ends_with("vfio-pci")) << line;  // nothing bound on vm-vgpu
+  }
+}
+
 class DraUsageTest : public ::testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(DraUsageTest, IsAUsageError) {
@@ -159,9 +203,8 @@ TEST_P(DraUsageTest, IsAUsageError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Flags, DraUsageTest,
-                         ::testing::Values(std::vector<std::string>{"--kubelet-api", "dra", "--workload", "vm-vgpu"},
-                                           // a policy of the DRA driver, meaningless to the device plugin
-                                           std::vector<std::string>{"--bind-on-prepare"}));
+                         // a policy of the DRA driver, meaningless to the device plugin
+                         ::testing::Values(std::vector<std::string>{"--bind-on-prepare"}));
 
 }  // namespace
 }  // namespace vfio_agent::daemon::testing

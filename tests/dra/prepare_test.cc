@@ -18,6 +18,7 @@
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
+#include "metadata_reader.h"
 #include "nlohmann/json.hpp"
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
@@ -41,31 +42,8 @@ const std::vector<std::string> kGpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3a
 constexpr char kGpuWithAudio[] = "0000:04:00.0";  // group 30 with its HDA function 0000:04:00.1 on snd_hda_intel
 constexpr char kGpuWithNic[] = "0000:05:00.0";    // group 31 with a NIC 0000:05:00.1 on i40e
 
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// KEP-5304's reader side: the file is a stream of JSON objects, one per metadata version; the first one of the
-// version the reader knows is taken (as KubeVirt's decoder does).
-std::optional<Json> ReadDeviceMetadata(const std::filesystem::path& path) {
-  std::istringstream in(ReadFile(path));
-  while ((in >> std::ws) && !in.eof()) {
-    Json object;
-    try {
-      in >> object;
-    } catch (const Json::exception&) {
-      return std::nullopt;
-    }
-    if (object.value("apiVersion", "") == "metadata.resource.k8s.io/v1alpha1" &&
-        object.value("kind", "") == "DeviceMetadata") {
-      return object;
-    }
-  }
-  return std::nullopt;
-}
+using testing::ReadDeviceMetadata;
+using testing::ReadFile;
 
 struct Allocation {
   std::string request;

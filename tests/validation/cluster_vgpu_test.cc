@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -346,6 +349,31 @@ TEST_F(VgpuValidateTest, KubevirtConfigPrintsMdevTypesAsMediatedDevices) {
   const std::vector<Check> checks = ValidateKubevirt(patch);
   EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kT41Q)->result, Result::kPass);
   EXPECT_THAT(report_.summary(), HasSubstr("vGPU chain OK"));
+}
+
+// --format dra on a vm-vgpu node: a DeviceClass per vGPU type selecting the resourceName the DRA driver publishes
+// for it, with the type's extended-resource name, and claim templates for 1 and for all of the node's vGPUs of it.
+TEST_F(VgpuValidateTest, KubevirtConfigPrintsDraObjectsPerVgpuType) {
+  Start("vgpu-mdev-t4-a10.json");
+  EXPECT_EQ(KubevirtConfig({"--format", "dra"}).first, cli::kExitNotReady);  // no vGPU yet
+  for (const char* uuid : {kUuid1, kUuid2}) ASSERT_TRUE(CreateMdev(kT4, "nvidia-230", uuid));
+  auto [code, text] = KubevirtConfig({"--format", "dra"});
+  ASSERT_EQ(code, cli::kExitOk) << text;
+  std::map<std::string, YAML::Node> objects;  // by kind/name
+  for (const YAML::Node& doc : YAML::LoadAll(text)) {
+    if (doc.IsMap()) objects[doc["kind"].as<std::string>() + "/" + doc["metadata"]["name"].as<std::string>()] = doc;
+  }
+  ASSERT_EQ(objects.size(), 3u) << text;
+  const YAML::Node& device_class = objects["DeviceClass/grid-t4-1q.gpu.vfio-agent.cozystack.io"];
+  ASSERT_TRUE(device_class.IsMap()) << text;
+  EXPECT_EQ(device_class["spec"]["extendedResourceName"].as<std::string>(), kT41Q);
+  EXPECT_EQ(device_class["spec"]["selectors"][0]["cel"]["expression"].as<std::string>(),
+            "device.driver == \"gpu.vfio-agent.cozystack.io\" && "
+            "device.attributes[\"gpu.vfio-agent.cozystack.io\"].resourceName == \"GRID_T4-1Q\"");
+  EXPECT_TRUE(objects.contains("ResourceClaimTemplate/grid-t4-1q"));
+  ASSERT_TRUE(objects.contains("ResourceClaimTemplate/grid-t4-1q-x2"));
+  EXPECT_EQ(objects["ResourceClaimTemplate/grid-t4-1q-x2"]["spec"]["spec"]["devices"]["requests"].size(), 2u);
+  EXPECT_EQ(KubevirtConfig({"--format", "cozystack"}).first, cli::kExitUsage);
 }
 
 }  // namespace

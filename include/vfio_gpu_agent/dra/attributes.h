@@ -18,5 +18,10 @@ inline constexpr std::string_view kProductNameAttribute = "productName";    // p
 inline constexpr std::string_view kVendorIdAttribute = "vendorID";          // "0x10de"
 inline constexpr std::string_view kDeviceIdAttribute = "deviceID";          // "0x2335"
 inline constexpr std::string_view kIommuGroupAttribute = "iommuGroup";      // int
+// vGPUs (vm-vgpu nodes). mdevUUID is bare, unqualified, in the slice and in the KEP-5304 metadata: the one key
+// KubeVirt's virt-launcher reads an mdev from (an SR-IOV vGPU is a PCI device to it: pciBusID of the VF).
+inline constexpr std::string_view kMdevUuidAttribute = "mdevUUID";
+inline constexpr std::string_view kVgpuTypeAttribute = "vgpuType";             // "GRID T4-1Q", the type's own name
+inline constexpr std::string_view kParentPciBusIdAttribute = "parentPciBusID";  // the GPU (or VF) an mdev lives on
 
 }  // namespace vfio_agent::dra

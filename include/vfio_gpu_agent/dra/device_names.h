@@ -18,4 +18,18 @@ std::string DeviceName(std::string_view bdf);
 // The BDF a device name stands for; InvalidArgument (naming it) when it is not of the form DeviceName makes.
 absl::StatusOr<std::string> BdfOfDevice(std::string_view device_name);
 
+// On a vm-vgpu node the devices are the vGPUs, named from what identifies them to KubeVirt: an mdev by its UUID
+// (lower-case, as the kernel prints it), an SR-IOV vGPU by its VF's address; never by type, index or scan order:
+//   mdev 4b3e2c1a-0000-4000-8000-00000000000a <-> mdev-4b3e2c1a-0000-4000-8000-00000000000a
+//   VF 0000:3b:00.4 <-> vgpu-0000-3b-00-4
+std::string MdevDeviceName(std::string_view uuid);
+std::string VfDeviceName(std::string_view bdf);
+
+struct VgpuId {
+  bool mdev = false;  // id is an mdev UUID; else an SR-IOV vGPU's VF BDF
+  std::string id;
+};
+// InvalidArgument (naming it) when the name is not of the form MdevDeviceName or VfDeviceName makes.
+absl::StatusOr<VgpuId> VgpuOfDevice(std::string_view device_name);
+
 }  // namespace vfio_agent::dra

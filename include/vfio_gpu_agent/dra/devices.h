@@ -3,6 +3,7 @@
 // (the DRAResourceHealth stream and a NoSchedule taint in the ResourceSlice). Built from the layers below only.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,13 @@ std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory
                                     const pci::Selection& selection, const names::NameResolver& names,
                                     const names::PciIdsDatabase* pci_ids, std::string_view driver,
                                     const std::vector<GpuDevice>& previous, bool bind_on_prepare = false);
+
+// "<driver>/<attribute>": this driver's own attribute names as the slice carries them.
+std::string Qualified(std::string_view driver, std::string_view attribute);
+// The NoSchedule taint of an unhealthy device.
+kube::DeviceTaint UnhealthyTaint(std::string_view driver);
+// pci.ids' product name cut to the longest attribute string the API takes; nullopt without one.
+std::optional<std::string> ProductName(const names::PciIdsDatabase* pci_ids, uint16_t vendor_id, uint16_t device_id);
 
 // "pci0000:00" for a device whose sysfs path is .../devices/pci0000:00/.../<bdf>; "" when it cannot be resolved.
 std::string PcieRoot(const HostPaths& paths, const std::string& bdf);

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/dra/devices.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
@@ -65,6 +66,10 @@ struct DriverOptions {
   // inotify on <dev_root> and <dev_root>/vfio drives every change a VM would notice (a GPU lost, unbound or
   // back takes or brings its group node); this safety-net rescan catches the rest (config space going dead).
   std::chrono::milliseconds rescan_interval{60000};
+  // vm-vgpu: the devices are the node's vGPUs (vgpu_devices.h), never bound or unbound; the SR-IOV cards' type
+  // catalogs are kept in vgpu_catalog_file (shared with the device plugin's and the profile applier's stores).
+  Workload workload = Workload::kVmPassthrough;
+  std::filesystem::path vgpu_catalog_file;
   // Without it no ResourceSlice is written (`serve` without an API).
   SlicePublisher publish_slices;
   // The slices are listed (and rewritten when they differ) this often, every second for 5 s after each accepted

@@ -12,18 +12,24 @@
 #include <vector>
 
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 
 namespace vfio_agent::validation {
 
 struct DraModel {
   std::string resource_name;  // "nvidia.com/GH100_H200_SXM_141GB", as the device plugin would advertise it
-  int gpus = 0;               // GPUs of this model among the ids (the N of the N-GPU claim template)
+  int gpus = 0;               // GPUs (vGPUs) of this model on the node (the N of the N-GPU claim template)
 };
 
 // One model per distinct resource name among `ids` (one entry per GPU), in name order, named by `names` exactly as
 // the device plugin and the DRA driver's resourceName attribute name them.
 std::vector<DraModel> DraModels(const std::vector<std::pair<uint16_t, uint16_t>>& ids,
                                 const names::NameResolver& names);
+
+// vm-vgpu: one model per vGPU resource name among the node's vGPUs ("nvidia.com/GRID_T4-1Q", as the device plugin
+// advertises the type and the DRA driver's resourceName attribute carries it), in name order, counting them. A type
+// whose name gives no valid resource name is left out (it is neither advertised nor published).
+std::vector<DraModel> VgpuDraModels(const vgpu::Discovery& discovery, std::string_view domain);
 
 // "gh100-h200-sxm-141gb.gpu.vfio-agent.cozystack.io": the name part lower-cased with '_' and '.' as '-', under
 // the driver's name (a DNS subdomain, as object names must be, that says whose devices the class selects).

@@ -1,0 +1,44 @@
+// Prepare on a vm-vgpu node: what a claim's vGPU devices are now (one scan and vGPU discovery per Prepare call),
+// which device nodes a VM given one opens, and the extended-resource env the device plugin's vGPU Allocate sets.
+// Nothing is bound or unbound: the vGPU manager is `nvidia`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cdi/v1/spec.pb.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/dra/vgpu_devices.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
+
+namespace vfio_agent::dra::internal {
+
+class VgpuView {
+ public:
+  // Discovers the vGPUs of `inventory` (a scan of paths.sysfs_root with details of vendor 10de).
+  static absl::StatusOr<VgpuView> Discover(const HostPaths& paths, const pci::Inventory& inventory,
+                                           vgpu::CatalogStore& catalog, std::string_view domain,
+                                           std::string_view driver);
+
+  // The vGPU `device_name` names, if a VM can be given it now (found, healthy); else the reason.
+  absl::StatusOr<const VgpuDevice*> Preparable(const std::string& device_name) const;
+
+  // What a VM given `vgpu` opens, as the device plugin's vGPU Allocate hands it out: /dev/vfio/vfio and the vGPU's
+  // own group node; an SR-IOV vGPU on an iommufd host also its cdevs and /dev/iommu (KubeVirt's mdev path has none).
+  void AddDeviceNodes(const VgpuDevice& vgpu, cdi::v1::ContainerEdits* edits) const;
+
+  // KubeVirt's device-plugin view of an extended-resource claim, as the device plugin's vGPU Allocate sets it:
+  // MDEV_PCI_RESOURCE_<NAME>=<mdev UUIDs> or PCI_RESOURCE_<NAME>=<VF BDFs>, sorted and comma-joined, once per
+  // resource among `device_names`.
+  void AddExtendedResourceEnv(const std::vector<std::string>& device_names, cdi::v1::ContainerEdits* edits) const;
+
+ private:
+  const VgpuDevice* Find(const std::string& device_name) const;
+
+  std::vector<VgpuDevice> vgpus_;
+  bool iommufd_ = false;
+};
+
+}  // namespace vfio_agent::dra::internal
