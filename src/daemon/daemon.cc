@@ -629,10 +629,20 @@ void Daemon::Impl::FollowWorkloadLabel() {
     why = absl::StrCat("node label ", kWorkloadLabel, "=", value);
   }
   if (wanted == current) return;
-  if (dra_ && wanted == Workload::kVmVgpu) {
+  if (dra_) {
+    if (!serving_) {
+      // Not serving yet: the driver starts in the label's mode.
+      spdlog::info("workload mode: {} ({})", WorkloadName(wanted), why);
+      options_.serve.workload = wanted;
+      options_.dra->workload = wanted;
+      dra_ = std::make_unique<dra::Driver>(*options_.dra);
+      return;
+    }
+    // The driver's published devices and prepared claims are of one mode; a live switch is the device plugin's.
     if (news) {
-      const std::string note = absl::StrCat(why, " asks for vGPUs, which --kubelet-api dra does not serve (they need "
-                                            "the device plugin); staying in vm-passthrough");
+      const std::string note =
+          absl::StrCat(why, " asks for ", WorkloadName(wanted), "; the DRA driver serves the mode it started in (",
+                       WorkloadName(current), ") until the agent restarts");
       spdlog::warn("workload mode: {}", note);
       Event(kube::EventType::kWarning, "WorkloadModeUnsupported", "SwitchingMode", note);
     }

@@ -160,33 +160,70 @@ TEST(DraRunTest, WithBindOnPrepareNothingIsBoundAtStartAndEveryGpuIsPublishedHea
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
 
+// The vGPU node's config making three H200X-1-18C on each H200, each a VF of its card.
+std::vector<std::string> VgpuProfileArgs(const DraNode& dra) {
+  std::ofstream(dra.dir / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
+  return {"--vgpu-config-file", (dra.dir / "vgpu-config.yaml").string(), "--vgpu-config", "h200-small-3",
+          "--state-dir", (dra.dir / "state").string()};
+}
+
+// The node's slice holds those six vGPUs, named from their VFs.
+bool SixVgpusPublished(const DraNode& dra) {
+  auto slices = dra.api->Slices();
+  if (!slices.ok() || slices->size() != 1 || (*slices)[0]["spec"]["devices"].size() != 6) return false;
+  for (const auto& device : (*slices)[0]["spec"]["devices"]) {
+    if (!device["name"].get<std::string>().starts_with("vgpu-") ||
+        device["attributes"][std::string(kDraDriver) + "/resourceName"]["string"] != "NVIDIA_H200X-1-18C") {
+      return false;
+    }
+  }
+  return true;
+}
+
 // vm-vgpu with DRA: the profiles of a config made, the vGPUs published one device each (never a GPU), nothing
 // bound to vfio-pci and no device-plugin socket.
 TEST(DraRunTest, VgpuWorkloadPublishesEachVgpuAsADraDeviceAndBindsNothing) {
   DraNode dra;
   ASSERT_NO_FATAL_FAILURE(dra.Create("vgpu-sriov-l40s-h200.json"));
-  std::ofstream(dra.dir / "vgpu-config.yaml") << vfio_agent::testing::kSimNodeProfileConfigs;
-  ASSERT_NO_FATAL_FAILURE(dra.Run({"--workload", "vm-vgpu", "--vgpu-config-file", (dra.dir / "vgpu-config.yaml").string(),
-                                   "--vgpu-config", "h200-small-3", "--state-dir", (dra.dir / "state").string()}));
+  std::vector<std::string> args = VgpuProfileArgs(dra);
+  args.insert(args.end(), {"--workload", "vm-vgpu"});
+  ASSERT_NO_FATAL_FAILURE(dra.Run(args));
   EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
-  // Three H200X-1-18C on each H200, each a VF of its card: six devices named from their VFs.
-  EXPECT_TRUE(WaitUntil([&] {
-    auto slices = dra.api->Slices();
-    if (!slices.ok() || slices->size() != 1 || (*slices)[0]["spec"]["devices"].size() != 6) return false;
-    for (const auto& device : (*slices)[0]["spec"]["devices"]) {
-      if (!device["name"].get<std::string>().starts_with("vgpu-") ||
-          device["attributes"][std::string(kDraDriver) + "/resourceName"]["string"] != "NVIDIA_H200X-1-18C") {
-        return false;
-      }
-    }
-    return true;
-  })) << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] { return SixVgpusPublished(dra); })) << dra.run->Log();
   dra.ExpectNoDevicePlugin();
   const int status = dra.run->SignalAndWait(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
   for (const std::string& line : dra.node->SimLog()) {
     EXPECT_FALSE(line.starts_with("bind ") && line.ends_with("vfio-pci")) << line;  // nothing bound on vm-vgpu
   }
+}
+
+// The node label picks the driver's mode at the start (no --workload); a later change waits for a restart, said in
+// a Warning, and the vGPUs stay published.
+TEST(DraRunTest, TheDriverStartsInTheNodeLabelsModeAndKeepsItWhileRunning) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Create("vgpu-sriov-l40s-h200.json"));
+  ASSERT_TRUE(dra.api->Control(R"(relabel node-a {"nvidia.com/gpu.workload.config": "vm-vgpu"})").ok());
+  std::vector<std::string> args = VgpuProfileArgs(dra);
+  args.insert(args.end(), {"--workload-label-interval", "200"});
+  ASSERT_NO_FATAL_FAILURE(dra.Run(args));
+  EXPECT_TRUE(WaitUntil([&] { return SixVgpusPublished(dra); })) << dra.run->Log();
+
+  ASSERT_TRUE(dra.api->Control(R"(relabel node-a {"nvidia.com/gpu.workload.config": "vm-passthrough"})").ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto events = dra.api->Events();
+    if (!events.ok()) return false;
+    for (const nlohmann::json& event : *events) {
+      if (event.value("reason", "") == "WorkloadModeUnsupported" && event.value("type", "") == "Warning") return true;
+    }
+    return false;
+  })) << dra.run->Log();
+  EXPECT_TRUE(SixVgpusPublished(dra));
+  for (const std::string& line : dra.node->SimLog()) {
+    EXPECT_FALSE(line.starts_with("bind ") && line.ends_with("vfio-pci")) << line;
+  }
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
 
 class DraUsageTest : public ::testing::TestWithParam<std::vector<std::string>> {};
