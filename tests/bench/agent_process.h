@@ -79,6 +79,15 @@ inline IdleCpu MeasureIdle(pid_t pid, std::chrono::seconds interval) {
   return idle;
 }
 
+// VA_IDLE_SECONDS, else 20: how long an idle benchmark watches the agent.
+inline int IdleSeconds() { return std::getenv("VA_IDLE_SECONDS") ? std::atoi(std::getenv("VA_IDLE_SECONDS")) : 20; }
+
+// The idle figures as every idle benchmark reports them: CPU per 20 s and the thread count.
+inline void SetIdleCounters(benchmark::State& state, const IdleCpu& idle, int seconds) {
+  state.counters["cpu_ms_per_20s"] = idle.cpu_ms * 20.0 / seconds;
+  state.counters["threads"] = idle.threads;
+}
+
 inline double LoadAverage1() {
   std::ifstream loadavg("/proc/loadavg");
   double load = -1;

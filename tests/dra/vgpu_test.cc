@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "driver_start.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
@@ -133,13 +134,7 @@ class DraVgpuTest : public kube::testing::KubeApiSimTest {
     return options;
   }
 
-  void StartNode() {
-    driver_ = std::make_unique<Driver>(Options());
-    ASSERT_TRUE(driver_->Start().ok());
-    kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
-    ASSERT_TRUE(kubelet_->Start().ok());
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return !k.Plugins().empty(); }, 30s));
-  }
+  void StartNode() { ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_)); }
 
   // The devices of the node's slices by name, once there are `count` of them.
   std::map<std::string, Json> SliceDevices(size_t count) const {

@@ -393,7 +393,7 @@ BENCHMARK(BM_AgentAnonGrowthPer10000Cycles)->Iterations(1)->Unit(benchmark::kMil
 void BM_IdleCpu(benchmark::State& state) {
   const char* binary = bench::AgentBinaryOrSkip(state);
   if (binary == nullptr) return;
-  const int seconds = std::getenv("VA_IDLE_SECONDS") ? std::atoi(std::getenv("VA_IDLE_SECONDS")) : 20;
+  const int seconds = bench::IdleSeconds();
   Node node;
   std::unique_ptr<Api> api = Api::StartOrSkip(node, state);
   if (!api) return;
@@ -402,24 +402,20 @@ void BM_IdleCpu(benchmark::State& state) {
     state.SkipWithError("kubelet sim");
     return;
   }
-  double cpu_ms = 0;
-  int threads = 0;
+  bench::IdleCpu idle;
   for (auto _ : state) {
     AgentProcess agent(binary, node, *api, state.range(0) == 1);
     const bool ready = agent.pid() > 0 && AgentReady(kubelet, *api);
     // Past the start: the re-lists of the first 5 s after registration are not idle.
     std::this_thread::sleep_for(6s);
-    const bench::IdleCpu idle = bench::MeasureIdle(agent.pid(), std::chrono::seconds(seconds));
-    cpu_ms = idle.cpu_ms;
-    threads = idle.threads;
+    idle = bench::MeasureIdle(agent.pid(), std::chrono::seconds(seconds));
     if (!ready) {
       state.SkipWithError("the driver did not register, stream health or publish its slices");
       break;
     }
-    state.SetIterationTime(cpu_ms / 1000.0);
+    state.SetIterationTime(idle.cpu_ms / 1000.0);
   }
-  state.counters["cpu_ms_per_20s"] = cpu_ms * 20.0 / seconds;
-  state.counters["threads"] = threads;
+  bench::SetIdleCounters(state, idle, seconds);
 }
 BENCHMARK(BM_IdleCpu)->ArgName("run")->Arg(0)->Arg(1)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 

@@ -514,7 +514,7 @@ void BM_IdleCpu(benchmark::State& state) {
     }
     return;
   }
-  const int seconds = std::getenv("VA_IDLE_SECONDS") ? std::atoi(std::getenv("VA_IDLE_SECONDS")) : 20;
+  const int seconds = bench::IdleSeconds();
   Node& node = SharedNode();
   vfio_agent::testing::TempDir dir("va-bench-idle");
   kubeletsim::Options kubelet_options;
@@ -526,8 +526,7 @@ void BM_IdleCpu(benchmark::State& state) {
     state.SkipWithError("kubelet sim");
     return;
   }
-  double cpu_ms = 0;
-  int threads = 0;
+  bench::IdleCpu idle;
   for (auto _ : state) {
     const std::string sysfs = node.options.paths.sysfs_root.string(), dev = node.options.paths.dev_root.string(),
                       kdir = dir.path().string(), pod_resources = kubelet_options.pod_resources_socket.string(),
@@ -555,9 +554,7 @@ void BM_IdleCpu(benchmark::State& state) {
         std::chrono::seconds(10));
     // Past the start: gRPC's and the settle rescan's first moments are not idle.
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const bench::IdleCpu idle = bench::MeasureIdle(pid, std::chrono::seconds(seconds));
-    cpu_ms = idle.cpu_ms;
-    threads = idle.threads;
+    idle = bench::MeasureIdle(pid, std::chrono::seconds(seconds));
     ::kill(pid, SIGTERM);
     int wstatus = 0;
     ::waitpid(pid, &wstatus, 0);
@@ -565,10 +562,9 @@ void BM_IdleCpu(benchmark::State& state) {
       state.SkipWithError("the agent did not register");
       break;
     }
-    state.SetIterationTime(cpu_ms / 1000.0);
+    state.SetIterationTime(idle.cpu_ms / 1000.0);
   }
-  state.counters["cpu_ms_per_20s"] = cpu_ms * 20.0 / seconds;
-  state.counters["threads"] = threads;
+  bench::SetIdleCounters(state, idle, seconds);
 }
 BENCHMARK(BM_IdleCpu)->ArgName("run")->Arg(0)->Arg(1)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
