@@ -168,6 +168,10 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   absl::StatusOr<plugin::ServeOptions> serve = ServeOptionsFromFlags(cmd, db);  // --rescan-interval, one parser
   if (!serve.ok()) return serve.status();
   options.rescan_interval = serve->rescan_interval;
+  // --fabric-manager and its flags, parsed and checked as for the device plugin.
+  options.fabric = serve->fabric;
+  options.fabric_library = serve->fabric_library;
+  options.fabric_interval = serve->fabric_interval;
   const std::filesystem::path kubeconfig = cmd.flags.Get("kubeconfig");
   absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
       kube::ConnectResourceClaimReader({.kubeconfig = kubeconfig});

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cdi/v1/spec.pb.h"
+#include "fabric_claims.h"
 #include "kubelet_services.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/driver.h"
@@ -35,11 +36,14 @@ struct PreparedClaim {
   std::filesystem::path cdi_spec;
   std::filesystem::path metadata_dir;
   std::vector<PreparedDevice> devices;
+  std::vector<uint32_t> fabric_partitions;  // --fabric-manager: the partitions activated for the claim
 };
 
 class ClaimPreparer final : public ClaimHandler {
  public:
-  explicit ClaimPreparer(const DriverOptions& options);
+  // `fabric` (not owned, may be null): activates a claim's partition in Prepare, releases it when the claim's
+  // files are removed.
+  explicit ClaimPreparer(const DriverOptions& options, FabricClaims* fabric = nullptr);
 
   // Reads the checkpoint directory: claims of this boot are prepared again (a repeat answers them as before,
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
@@ -68,6 +72,7 @@ class ClaimPreparer final : public ClaimHandler {
   absl::Status Remove(const PreparedClaim& claim) const;
 
   const DriverOptions options_;
+  FabricClaims* const fabric_;
   const names::NameResolver names_;
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
   std::string boot_id_;

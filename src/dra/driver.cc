@@ -16,6 +16,7 @@
 #include "grpcpp/server_builder.h"
 #include "claims.h"
 #include "device_watch.h"
+#include "fabric_claims.h"
 #include "health.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
@@ -79,7 +80,8 @@ class Driver::Impl {
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
-        claims_(options_),
+        fabric_(options_),
+        claims_(options_, &fabric_),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
@@ -89,6 +91,10 @@ class Driver::Impl {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
     if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
+    fabric_.Start([this] {
+      fabric_changed_ = true;
+      watch_.Wake();
+    });
     Rescan();  // the health stream's first message is the real list, never an empty one
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
     if (!dra.ok()) return dra.status();
@@ -108,6 +114,7 @@ class Driver::Impl {
   }
 
   void Stop() {
+    fabric_.Stop();
     if (loop_.joinable()) {
       {
         std::lock_guard lock(sweep_mu_);
@@ -172,6 +179,7 @@ class Driver::Impl {
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next =
         BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous);
+    fabric_.AddAttributes(&next);
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
     {
@@ -289,7 +297,7 @@ class Driver::Impl {
       const internal::DeviceWatch::Woken woken = watch_.Wait(wake);
       if (stopping_) break;
       const Clock::time_point now = Clock::now();
-      bool rescan = false;
+      bool rescan = fabric_changed_.exchange(false);  // FM's partitions, and so the attributes, may have changed
       if (woken.devices) {
         rescan = true;
         settle = now + kSettleRescan;
@@ -319,6 +327,7 @@ class Driver::Impl {
   const DriverOptions options_;
   const names::NameResolver names_;
   internal::RegistrationService registration_;
+  internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
@@ -340,6 +349,7 @@ class Driver::Impl {
   Clock::time_point next_slices_{};
   Clock::time_point slice_burst_until_{};
   std::atomic<bool> registered_{false};
+  std::atomic<bool> fabric_changed_{false};
   std::atomic<bool> stopping_{false};
   std::thread loop_;
   std::mutex sweep_mu_;

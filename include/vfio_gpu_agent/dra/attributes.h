@@ -3,6 +3,7 @@
 // `validate`'s DRA layer): one definition, so a selector can never name an attribute the driver does not write.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace vfio_agent::dra {
@@ -18,5 +19,10 @@ inline constexpr std::string_view kProductNameAttribute = "productName";    // p
 inline constexpr std::string_view kVendorIdAttribute = "vendorID";          // "0x10de"
 inline constexpr std::string_view kDeviceIdAttribute = "deviceID";          // "0x2335"
 inline constexpr std::string_view kIommuGroupAttribute = "iommuGroup";      // int
+// With --fabric-manager (HGX shared-NVSwitch mode): "partition<N>" (int, Fabric Manager's partition id) for each
+// partition size N that holds the GPU, the names NVIDIA's driver uses. A claim of N single-device requests tied by
+// `constraints: [{matchAttribute: <driver>/partition<N>}]` gets the N GPUs of one partition, which Prepare activates.
+inline constexpr std::string_view kPartitionAttributePrefix = "partition";
+inline std::string PartitionAttribute(int size) { return std::string(kPartitionAttributePrefix) + std::to_string(size); }
 
 }  // namespace vfio_agent::dra

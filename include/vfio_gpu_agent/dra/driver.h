@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/devices.h"
+#include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/names/resource_names.h"
@@ -71,6 +72,13 @@ struct DriverOptions {
   // registration (a kubelet's start deletes the node's slices around the time it registers us), and after every
   // device change.
   std::chrono::milliseconds slice_resync_interval{30000};
+  // HGX shared-NVSwitch mode (`--fabric-manager`, as the device plugin's): off while fabric.address is empty. Each
+  // GPU gets its partition<N> attributes, Prepare activates the claim's partition and Unprepare releases it.
+  // activation_grace is not used: a claim's checkpoint names its GPUs before Prepare answers.
+  fabric::FabricOptions fabric;
+  std::filesystem::path fabric_library = "libnvfm.so.1";
+  // How often Fabric Manager is read (its restarts followed, the attributes republished when its partitions change).
+  std::chrono::milliseconds fabric_interval{5000};
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).
