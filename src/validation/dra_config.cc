@@ -205,8 +205,8 @@ std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string
       "# that name's permittedHostDevices entry (kubevirt-config --format cozystack or kubevirt-patch).\n");
   if (partitions) {
     absl::StrAppend(&text, "# Fabric Manager partitions of ", absl::StrJoin(partition_sizes, ", "),
-                    " GPUs: a claim of N GPUs is one partition, its N requests tied by matchAttribute ", driver,
-                    "/", std::string(dra::kPartitionAttributePrefix), "<N> (any other set is refused at Prepare).\n");
+                    " GPUs: a claim of N GPUs is one partition,\n# its N requests tied by matchAttribute ", driver, "/",
+                    std::string(dra::kPartitionAttributePrefix), "<N> (any other set is refused at Prepare).\n");
   }
   absl::StrAppend(&text, docs.empty() ? "" : "---\n", absl::StrJoin(docs, "---\n"));
   for (const DraModel& model : models) {
