@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "claim_fixture.h"
 #include "fabric_fixture.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
@@ -31,17 +32,12 @@ using namespace std::chrono_literals;
 constexpr char kDriver[] = "gpu.vfio-agent.cozystack.io";
 constexpr char kNode[] = "node-a";  // the node kube-api-sim serves
 
-class DraFabricTest : public kube::testing::KubeApiSimTest {
+class DraFabricTest : public claimtest::ClaimApiTest {
  protected:
   void SetUp() override {
-    KubeApiSimTest::SetUp();
+    ClaimApiTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
-    ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-    auto reader = kube::ConnectResourceClaimReader({.kubeconfig = *kubeconfig});
-    ASSERT_TRUE(reader.ok()) << reader.status();
-    reader_ = *std::move(reader);
-    auto publisher = kube::ConnectResourceSlicePublisher(*kubeconfig, "", {.driver = kDriver, .node_name = kNode});
+    auto publisher = kube::ConnectResourceSlicePublisher(kubeconfig_, "", {.driver = kDriver, .node_name = kNode});
     ASSERT_TRUE(publisher.ok()) << publisher.status();
     publisher_ = *std::move(publisher);
 
@@ -62,15 +58,9 @@ class DraFabricTest : public kube::testing::KubeApiSimTest {
   void TearDown() override { driver_.reset(); }
 
   DriverOptions Options() {
-    DriverOptions options;
-    options.registry_dir = dir_.path() / "plugins_registry";
-    options.plugins_dir = dir_.path() / "plugins";
-    options.cdi_dir = dir_.path() / "cdi";
-    options.paths.sysfs_root = dir_.path() / "sys";
-    options.paths.dev_root = dir_.path() / "dev";
-    options.paths.proc_root = dir_.path() / "proc";
+    DriverOptions options = claimtest::NodeDirectories(dir_.path());
     options.node_name = kNode;
-    options.get_claim = [this](const std::string& ns, const std::string& name) { return reader_->Get(ns, name, 20s); };
+    options.get_claim = GetClaim();
     options.publish_slices = [this](std::vector<kube::SliceDevice> devices) {
       return publisher_->Publish(std::move(devices));
     };
@@ -81,18 +71,12 @@ class DraFabricTest : public kube::testing::KubeApiSimTest {
   }
 
   void StartDriver() {
-    driver_ = std::make_unique<Driver>(Options());
-    ASSERT_TRUE(driver_->Start().ok());
-    if (!kubelet_) {
-      kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
-      ASSERT_TRUE(kubelet_->Start().ok());
-    }
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return !k.Plugins().empty(); }, 30s));
+    ASSERT_TRUE(claimtest::StartRegistered(Options(), driver_, kubelet_));
   }
 
   void StopDriver() {
     driver_.reset();
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Plugins().empty(); }, 30s));
+    ASSERT_TRUE(claimtest::Deregistered(*kubelet_));
   }
 
   // KubeVirt's shape: one request of one device per GPU ("gpu-0", "gpu-1", ...), as the scheduler allocated it.
@@ -102,10 +86,7 @@ class DraFabricTest : public kube::testing::KubeApiSimTest {
       results.push_back({{"request", absl::StrCat("gpu-", i)}, {"driver", kDriver}, {"pool", kNode},
                          {"device", DeviceName(gpus[i])}});
     }
-    const Json claim = {{"metadata", {{"namespace", "vms"}, {"name", name}, {"uid", uid}}},
-                        {"spec", {{"devices", {{"requests", Json::array()}}}}},
-                        {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
-    ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
+    ASSERT_TRUE(api_->Control("claim " + claimtest::AllocatedClaim("vms", name, uid, results).dump()).ok());
   }
 
   // The claim's error ("" when prepared).
@@ -151,7 +132,6 @@ class DraFabricTest : public kube::testing::KubeApiSimTest {
   }
 
   std::filesystem::path fm_;
-  std::unique_ptr<kube::ResourceClaimReader> reader_;
   std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KubeletDraSim> kubelet_;
