@@ -346,7 +346,9 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
 
   if (fabric_ != nullptr) {
     absl::StatusOr<std::vector<uint32_t>> partitions = fabric_->Activate(claim->uid, BdfsOf(prepared));
-    if (!partitions.ok()) return absl::Status(partitions.status().code(), absl::StrCat(ref, ": ", partitions.status().message()));
+    if (!partitions.ok()) {
+      return absl::Status(partitions.status().code(), absl::StrCat(ref, ": ", partitions.status().message()));
+    }
     prepared.fabric_partitions = *std::move(partitions);
   }
 

@@ -68,7 +68,7 @@ class ClaimPreparer final : public ClaimHandler {
   void AddExtendedResourceEnv(const std::vector<PreparedDevice>& devices, const pci::Inventory& inventory,
                               const pci::Selection& selection, cdi::v1::ContainerEdits* edits) const;
   std::filesystem::path CheckpointFile(const std::string& uid) const;
-  // Removes the claim's CDI spec, metadata and checkpoint file.
+  // Removes the claim's CDI spec, metadata and checkpoint file, then releases its Fabric Manager partition.
   absl::Status Remove(const PreparedClaim& claim) const;
 
   const DriverOptions options_;

@@ -182,7 +182,8 @@ void FabricClaims::AddAttributes(std::vector<GpuDevice>* devices) const {
   const std::string prefix = absl::StrCat(driver_, "/", std::string(kPartitionAttributePrefix));
   for (GpuDevice& device : *devices) {
     // A device kept from an earlier scan carries the attributes of FM's earlier table.
-    std::erase_if(device.slice.attributes, [&](const auto& entry) { return IsPartitionAttribute(entry.first, prefix); });
+    std::erase_if(device.slice.attributes,
+                  [&](const auto& entry) { return IsPartitionAttribute(entry.first, prefix); });
     auto sizes = by_gpu.find(device.bdf);
     if (sizes == by_gpu.end()) continue;
     for (const auto& [size, id] : sizes->second) {

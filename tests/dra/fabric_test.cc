@@ -168,7 +168,8 @@ TEST_F(DraFabricTest, EachGpuCarriesOnePartitionAttributePerSizeRepublishedWhenF
     return SlicePartitions()[DeviceName(Module(1))] == Partitions{{"partition1", 7}, {"partition8", 0}};
   })) << SlicePartitions()[DeviceName(Module(1))].size();
   EXPECT_EQ(SlicePartitions()[DeviceName(Module(6))], module6);
-  EXPECT_EQ(SlicePartitions()[DeviceName(Module(3))], (Partitions{{"partition1", 9}, {"partition2", 4}, {"partition8", 0}}));
+  EXPECT_EQ(SlicePartitions()[DeviceName(Module(3))],
+            (Partitions{{"partition1", 9}, {"partition2", 4}, {"partition8", 0}}));
 }
 
 TEST_F(DraFabricTest, TwoAndEightGpuClaimsActivateTheirPartitionAndUnprepareReleasesIt) {

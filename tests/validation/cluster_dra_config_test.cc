@@ -215,7 +215,8 @@ TEST(DraConfigCommandTest, WithFabricManagerEachPartitionSizeGetsATemplateTiedBy
   EXPECT_EQ(template_names, (std::set<std::string>{"ga102gl-a10", "gh100-h200-sxm-141gb", "gh100-h200-sxm-141gb-x2",
                                                    "gh100-h200-sxm-141gb-x4", "gh100-h200-sxm-141gb-x8"}));
   for (int size : {2, 4, 8}) {
-    const YAML::Node devices = out.templates.at(absl::StrFormat("gh100-h200-sxm-141gb-x%d", size))["spec"]["spec"]["devices"];
+    const YAML::Node devices =
+        out.templates.at(absl::StrFormat("gh100-h200-sxm-141gb-x%d", size))["spec"]["spec"]["devices"];
     std::vector<std::string> requests;
     for (const YAML::Node& request : devices["requests"]) requests.push_back(request["name"].as<std::string>());
     ASSERT_EQ(requests.size(), static_cast<size_t>(size));
@@ -226,7 +227,9 @@ TEST(DraConfigCommandTest, WithFabricManagerEachPartitionSizeGetsATemplateTiedBy
   }
   EXPECT_FALSE(out.templates.at("gh100-h200-sxm-141gb")["spec"]["spec"]["devices"]["constraints"]);
   int claim_snippets = 0;
-  for (const YAML::Node& snippet : out.vm_snippets) claim_snippets += snippet["spec"]["template"]["spec"]["resourceClaims"] ? 1 : 0;
+  for (const YAML::Node& snippet : out.vm_snippets) {
+    if (snippet["spec"]["template"]["spec"]["resourceClaims"]) ++claim_snippets;
+  }
   EXPECT_EQ(claim_snippets, 5);  // H200: 1, 2, 4, 8; A10: 1
 
   // An FM that does not answer is an error, not a node without partitions.
