@@ -102,6 +102,11 @@ render "$out/overlays/dra/deviceclasses.yaml" "values-dra.yaml" -f "$chart/value
 kustomization "$out/overlays/dra/kustomization.yaml" \
   "# A DRA node (kubelet DRA driver, DeviceClasses per GPU model), in its own namespace: kubectl apply -k daemonset/overlays/dra" \
   namespace.yaml "${AGENT_FILES[@]}" deviceclasses.yaml
+render "$out/overlays/vgpu/namespace.yaml" "values-vgpu.yaml" -f "$chart/values-vgpu.yaml" --show-only templates/namespace.yaml
+tree "$out/overlays/vgpu" "values-vgpu.yaml" -f "$chart/values-vgpu.yaml"
+kustomization "$out/overlays/vgpu/kustomization.yaml" \
+  "# A vGPU node (mdev or SR-IOV vGPUs on the nvidia driver, one resource per type), in its own namespace: kubectl apply -k daemonset/overlays/vgpu" \
+  namespace.yaml "${AGENT_FILES[@]}"
 
 if [ "$mode" = check ]; then
   stale=0

@@ -59,7 +59,7 @@ class DeviceBinder {
  public:
   DeviceBinder(const BinderOptions& options, const PlannedFunction& planned, int group)
       : options_(options), paths_(options.paths), group_(group), result_(ResultFor(planned, group)),
-        writer_(paths_, options.write_timeout, &result_) {}
+        writer_(paths_, options.write_timeout, &result_, options.deadline) {}
 
   DeviceResult Run() && {
     const absl::Time start = absl::Now();
@@ -122,11 +122,12 @@ class DeviceBinder {
       return Finish(Outcome::kFailed, Failure::kBindFailed, reason);
     }
     const std::filesystem::path node = paths_.VfioDir() / std::to_string(group_);
-    if (!WaitForDevnode(paths_, result_.bdf, group_, options_.devnode_wait)) {
+    const absl::Duration wait = std::min(options_.devnode_wait, options_.deadline - absl::Now());
+    if (!WaitForDevnode(paths_, result_.bdf, group_, wait)) {
       return Finish(Outcome::kFailed, Failure::kDevnodeMissing, absl::StrCat("on ", result_.target_driver, " but neither ", node.string(),
                                                    " nor (with ", (paths_.dev_root / "iommu").string(),
                                                    ") its cdevs under ", (paths_.VfioDir() / "devices").string(),
-                                                   " appeared within ", absl::FormatDuration(options_.devnode_wait)));
+                                                   " appeared within ", absl::FormatDuration(wait)));
     }
     Finish(Outcome::kBound, Failure::kNone, bind.ok() ? "" : absl::StrCat("bound via drivers_probe", bind_note));
   }
@@ -136,9 +137,10 @@ class DeviceBinder {
   void Abort(const absl::Status& status, const std::string& what) {
     result_.driver_after = CurrentDriver(paths_, result_.bdf);
     if (absl::IsDeadlineExceeded(status)) {
-      return Finish(Outcome::kBlocked, Failure::kWriteDeadline, absl::StrCat(what, " did not return within ",
-                                                    absl::FormatDuration(options_.write_timeout),
-                                                    "; abandoned, the kernel may still complete it"));
+      // The write's own text: it says how long it waited, or that the caller's deadline came first.
+      return Finish(Outcome::kBlocked, Failure::kWriteDeadline,
+                    absl::StrCat(what, ": ", status.message(),
+                                 status.message() == kNotStarted ? "" : ", the kernel may still complete it"));
     }
     if (!fs::Exists(paths_.PciDevice(result_.bdf))) {
       return Finish(Outcome::kFailed, Failure::kDeviceRemoved, "device removed during bind");
@@ -283,8 +285,9 @@ bool BindReport::ok() const {
 }
 
 absl::StatusOr<BindReport> Bind(const BinderOptions& options) {
+  // The plan never looks at driver_override, and its read waits out a write still blocked on that device.
   absl::StatusOr<pci::Inventory> inventory =
-      pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id});
+      pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id, .driver_override = false});
   if (!inventory.ok()) return inventory.status();
   const pci::Selection selection = pci::Select(*inventory, options.policy);
   absl::StatusOr<TargetDriverChooser> chooser = TargetDriverChooser::FromHost(options.paths, options.kernel_release);

@@ -1,13 +1,19 @@
 #include "device_steps.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "concurrency.h"
 #include "vfio_gpu_agent/common/fs.h"
 
 namespace vfio_agent::binding {
 
 absl::Status DeviceWriter::Write(const std::filesystem::path& path, const std::string& data) {
-  absl::Status status = WriteWithDeadline(path, data, timeout_);
+  const absl::Duration left = deadline_ - absl::Now();
+  absl::Status status = left <= absl::ZeroDuration()
+                            ? absl::DeadlineExceededError(kNotStarted)
+                            : WriteWithDeadline(path, data, std::min(timeout_, left));
   std::string shown = data == "\n" ? std::string("\\n") : data;
   absl::StrAppend(&result_->steps.emplace_back(), path.lexically_relative(paths_.sysfs_root).string(), " <- ", shown,
                   ": ", status.ok() ? std::string("ok") : std::string(status.message()));

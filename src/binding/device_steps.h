@@ -11,12 +11,17 @@
 
 namespace vfio_agent::binding {
 
+// A write the caller's deadline kept from starting fails DeadlineExceeded with this message: nothing was written.
+inline constexpr char kNotStarted[] = "not started: the caller's deadline has passed";
+
 // Performs the writes of one device, each under the deadline, and appends
 // "bus/pci/drivers/nvidia/unbind <- 0000:3b:00.0: ok" (or the error) to result->steps.
 class DeviceWriter {
  public:
-  DeviceWriter(const HostPaths& paths, absl::Duration timeout, DeviceResult* result)
-      : paths_(paths), timeout_(timeout), result_(result) {}
+  // No write starts after `deadline`; each waits at most the earlier of `timeout` and it.
+  DeviceWriter(const HostPaths& paths, absl::Duration timeout, DeviceResult* result,
+               absl::Time deadline = absl::InfiniteFuture())
+      : paths_(paths), timeout_(timeout), deadline_(deadline), result_(result) {}
 
   absl::Status Write(const std::filesystem::path& path, const std::string& data);
   absl::Status SetOverride(const std::string& driver);  // "" clears it
@@ -27,6 +32,7 @@ class DeviceWriter {
  private:
   const HostPaths& paths_;
   absl::Duration timeout_;
+  absl::Time deadline_;
   DeviceResult* result_;
 };
 

@@ -11,6 +11,7 @@
 #include "device_steps.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/binding/plan.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 
 namespace vfio_agent::binding {
@@ -44,7 +45,12 @@ absl::StatusOr<std::map<int, std::vector<Target>>> ChooseTargets(const UnbindOpt
       if (fn != nullptr && !fn->IsBridge()) add(*fn);
     }
   }
-  if (options.only.empty() && options.groups.empty()) {
+  for (const auto& [bdf, driver] : options.return_to) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn == nullptr) return absl::NotFoundError(absl::StrCat("device ", bdf, " not found under ", options.paths.PciDevices().string()));
+    add(*fn);
+  }
+  if (options.only.empty() && options.groups.empty() && options.return_to.empty()) {
     for (const auto& [bdf, role] : selection.roles) {
       const pci::Function* fn = inventory.Find(bdf);
       if (fn != nullptr && IsManagedRole(role)) add(*fn);
@@ -74,7 +80,7 @@ bool OnVfio(const pci::Function& fn) {
 }
 
 void Restore(const UnbindOptions& options, const pci::Function& fn, DeviceResult* result) {
-  DeviceWriter writer(options.paths, options.write_timeout, result);
+  DeviceWriter writer(options.paths, options.write_timeout, result, options.deadline);
   auto fail = [&](Outcome outcome, std::string reason) {
     result->outcome = outcome;
     result->reason = std::move(reason);
@@ -101,6 +107,42 @@ void Restore(const UnbindOptions& options, const pci::Function& fn, DeviceResult
                                                 : absl::StrCat("now on ", result->driver_after);
 }
 
+// Back onto `target` ("" = no driver), as return_to describes.
+void ReturnTo(const UnbindOptions& options, const pci::Function& fn, const std::string& target, DeviceResult* result) {
+  DeviceWriter writer(options.paths, options.write_timeout, result, options.deadline);
+  auto fail = [&](const absl::Status& s, const std::string& what) {
+    result->outcome = absl::IsDeadlineExceeded(s) ? Outcome::kBlocked : Outcome::kFailed;
+    result->reason = absl::StrCat(what, ": ", s.message());
+    result->driver_after = CurrentDriver(options.paths, fn.bdf);
+  };
+  // Only the target may take it from here on, so no probe in between hands it to another driver.
+  if (absl::Status s = writer.SetOverride(target); !s.ok()) return fail(s, "setting driver_override");
+  if (!fn.driver.empty() && !SameDriver(fn.driver, target)) {
+    if (absl::Status s = writer.Unbind(fn.driver); !s.ok()) {
+      if (fn.iommu_group && pci::IsVfioDriver(fn.driver)) result->holders = VfioGroupOpeners(options.paths, *fn.iommu_group);
+      return fail(s, absl::StrCat("unbind from ", fn.driver));
+    }
+  }
+  if (!target.empty() && !SameDriver(CurrentDriver(options.paths, fn.bdf), target)) {
+    // bind reports the driver's probe error; drivers_probe (the override names the target) is the fallback.
+    if (absl::Status bind = writer.BindTo(target); !bind.ok()) {
+      if (absl::IsDeadlineExceeded(bind)) return fail(bind, absl::StrCat("bind to ", target));
+      if (absl::Status probe = writer.Probe(); absl::IsDeadlineExceeded(probe)) return fail(probe, "drivers_probe");
+    }
+  }
+  // Cleared, so a later reprobe or rescan is the host's normal one again.
+  if (absl::Status s = writer.SetOverride(""); !s.ok()) return fail(s, "clearing driver_override");
+  result->driver_after = CurrentDriver(options.paths, fn.bdf);
+  if (!SameDriver(result->driver_after, target)) {
+    result->outcome = Outcome::kFailed;
+    result->reason = absl::StrCat("on ", result->driver_after.empty() ? "no driver" : result->driver_after,
+                                  " after returning it to ", target.empty() ? "no driver" : target);
+    return;
+  }
+  result->outcome = Outcome::kRestored;
+  result->reason = target.empty() ? "left without a driver" : absl::StrCat("returned to ", target);
+}
+
 std::vector<DeviceResult> UnbindGroup(const UnbindOptions& options, int group, const std::vector<Target>& targets) {
   std::vector<DeviceResult> results;
   std::vector<Holder> openers;
@@ -112,7 +154,10 @@ std::vector<DeviceResult> UnbindGroup(const UnbindOptions& options, int group, c
   for (const Target& target : targets) {
     DeviceResult result = ResultFor(target);
     const absl::Time start = absl::Now();
-    if (!OnVfio(*target.fn)) {
+    auto return_to = options.return_to.find(target.fn->bdf);
+    const bool named = return_to != options.return_to.end();
+    if (named) result.target_driver = return_to->second;
+    if (!named && !OnVfio(*target.fn)) {
       result.outcome = Outcome::kNotBound;
       result.reason = "not on a vfio driver; left as is";
     } else if (!openers.empty() && !options.force) {
@@ -122,7 +167,11 @@ std::vector<DeviceResult> UnbindGroup(const UnbindOptions& options, int group, c
                                    absl::StrJoin(opener_text, ", "), " (a running VM?); --force to unbind anyway");
     } else {
       if (!openers.empty()) result.steps.push_back("forced although open by " + absl::StrJoin(opener_text, ", "));
-      Restore(options, *target.fn, &result);
+      if (named) {
+        ReturnTo(options, *target.fn, return_to->second, &result);
+      } else {
+        Restore(options, *target.fn, &result);
+      }
     }
     result.elapsed = absl::Now() - start;
     spdlog::info("unbind {}: {}{}{}", result.bdf, OutcomeName(result.outcome), result.reason.empty() ? "" : ": ",
@@ -135,7 +184,8 @@ std::vector<DeviceResult> UnbindGroup(const UnbindOptions& options, int group, c
 }  // namespace
 
 absl::StatusOr<BindReport> Unbind(const UnbindOptions& options) {
-  absl::StatusOr<pci::Inventory> inventory = pci::Scan(options.paths.sysfs_root);
+  absl::StatusOr<pci::Inventory> inventory =
+      pci::Scan(options.paths.sysfs_root, {.driver_override = options.return_to.empty()});
   if (!inventory.ok()) return inventory.status();
   const pci::Selection selection = pci::Select(*inventory, options.policy);
   absl::StatusOr<std::map<int, std::vector<Target>>> targets = ChooseTargets(options, *inventory, selection);

@@ -33,6 +33,9 @@ std::vector<FlagSpec> RunFlags() {
       {"node-name", "NAME", "this node's name in the cluster (also env NODE_NAME, from the downward API)", ""},
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
+      {"workload-label-interval", "MS",
+       "how often the node label nvidia.com/gpu.workload.config is read (a GET of the node; a change switches the "
+       "mode), in milliseconds", "10000"},
       {"vgpu-config-file", "FILE",
        "vm-vgpu: vGPU profiles to create, in NVIDIA vgpu-device-manager's format (a ConfigMap); applied on every "
        "pass (only the difference; a vGPU a VM holds is kept until freed), the outcome in the node label "
@@ -77,6 +80,9 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   auto resync = IntValue(cmd.flags, "resync-interval", "60000", 100, 3600000);
   if (!resync.ok()) return resync.status();
   options.resync_interval = std::chrono::milliseconds(*resync);
+  auto label_interval = IntValue(cmd.flags, "workload-label-interval", "10000", 100, 3600000);
+  if (!label_interval.ok()) return label_interval.status();
+  options.workload_label_interval = std::chrono::milliseconds(*label_interval);
   auto grace = IntValue(cmd.flags, "registration-grace", "30000", 0, 600000);
   if (!grace.ok()) return grace.status();
   options.registration_grace = std::chrono::milliseconds(*grace);
@@ -84,9 +90,6 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   options.vgpu_config = cmd.flags.Get("vgpu-config");
   if (!options.vgpu_config.empty() && options.vgpu_config_file.empty()) {
     return absl::InvalidArgumentError("--vgpu-config names a config of --vgpu-config-file, which is not set");
-  }
-  if (!options.vgpu_config_file.empty() && options.serve.workload != Workload::kVmVgpu) {
-    return absl::InvalidArgumentError("--vgpu-config-file applies vGPU profiles: it needs --workload vm-vgpu");
   }
   options.listen_host = cmd.flags.Get("listen-address", "0.0.0.0");
   options.status_dir = cmd.flags.Get("status-dir");
@@ -141,12 +144,16 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out) {
           "run",
           "The DaemonSet's job. One loop owns the node: every selected GPU (with its group's companions) is\n"
           "bound to its vfio driver and kept there (failed binds retried with backoff, 1 s doubling to 5 min;\n"
-          "nothing is ever unbound), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
+          "unbound only when the node turns vm-vgpu), and every bound GPU is advertised to the kubelet. Readiness (gRPC health),\n"
           "Prometheus metrics, the validator's status files and the GPUPassthroughReady node condition and\n"
           "events report the node's state. Refuses a node the GPU Operator still manages. Runs until SIGTERM,\n"
-          "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0. With --workload vm-vgpu nothing is bound\n"
-          "or unbound: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type, and with\n"
-          "--vgpu-config-file the profiles of the config the node label nvidia.com/vgpu.config names are created.",
+          "SIGINT, SIGHUP or SIGQUIT, then deregisters and exits 0. In mode vm-vgpu nothing is bound and\n"
+          "GPUs on vfio-pci go back to nvidia: every vGPU (mdev or SR-IOV) is advertised, one resource per vGPU type, and with\n"
+          "--vgpu-config-file the profiles of the config the node label nvidia.com/vgpu.config names are created.\n"
+          "The mode is the node label nvidia.com/gpu.workload.config (vm-passthrough or vm-vgpu), --workload\n"
+          "while the node has none or there is no API. A label change is carried out without a restart: GPUs no\n"
+          "VM holds move to the other driver (vfio-pci <-> nvidia), the advertised resources change; a GPU a VM\n"
+          "holds moves once the VM ends. Any other label value: a Warning event, the mode stays.",
           RunFlags(), args, out, &cmd)) {
     return *exit;
   }

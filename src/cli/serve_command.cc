@@ -122,6 +122,10 @@ std::vector<FlagSpec> DraFlags() {
        "/var/lib/kubelet/plugins_registry"},
       {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: where the driver's dra.sock lives, under <NAME>/",
        "/var/lib/kubelet/plugins"},
+      {"bind-on-prepare", "",
+       "with --kubelet-api dra: GPUs stay on their host driver until a claim needs them; Prepare binds the claim's "
+       "IOMMU groups to vfio-pci and Unprepare returns each function to the driver it had before",
+       "off"},
   };
 }
 
@@ -129,6 +133,9 @@ absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
   const std::string api = cmd.flags.Get("kubelet-api", "device-plugin");
   if (api != "device-plugin" && api != "dra") {
     return absl::InvalidArgumentError(absl::StrCat("--kubelet-api \"", api, "\": device-plugin or dra"));
+  }
+  if (api != "dra" && cmd.flags.GetBool("bind-on-prepare")) {
+    return absl::InvalidArgumentError("--bind-on-prepare is a policy of the DRA driver: it needs --kubelet-api dra");
   }
   return api == "dra";
 }
@@ -159,6 +166,7 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   options.registry_dir = cmd.flags.Get("kubelet-registry-dir", options.registry_dir.string());
   options.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", options.plugins_dir.string());
   options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
+  options.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
   options.paths = cmd.common.paths;
   options.policy = cmd.common.policy;
   options.node_name = NodeName(cmd);

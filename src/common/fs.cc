@@ -145,7 +145,8 @@ absl::Status WriteAttribute(const std::filesystem::path& path, std::string_view 
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode) {
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode,
+                                 Durability durability) {
   std::string temp = (path.parent_path() / absl::StrCat(".", path.filename().string(), ".XXXXXX")).string();
   const int fd = ::mkstemp(temp.data());
   if (fd < 0) return ErrnoStatus(errno, "create temporary file in", path.parent_path());
@@ -156,7 +157,7 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_
     if (n > 0) written += static_cast<size_t>(n);
   }
   if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (err == 0 && durability == Durability::kAcrossReboots && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err == 0 && ::rename(temp.c_str(), path.c_str()) != 0) err = errno;
   if (err != 0) {

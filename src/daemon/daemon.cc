@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,8 +21,11 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/held_devices.h"
+#include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/validation/check.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
 #include "watchers.h"
 
 namespace vfio_agent::daemon {
@@ -53,6 +57,20 @@ const char* FailureLabel(const binding::DeviceResult& result) {
 }
 
 std::string DriverText(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
+
+using Labels = std::map<std::string, std::string>;
+
+std::string WorkloadLabelOf(const Labels& labels) {
+  auto it = labels.find(kWorkloadLabel);
+  return it == labels.end() ? "" : it->second;
+}
+
+// A GPU in use, or one of its vGPUs: what may keep it from moving to the other mode's driver.
+struct InUse {
+  std::string gpu;                // the GPU's BDF
+  std::optional<int> group;       // its (or its vGPU's) IOMMU group: open = a VM runs on it
+  std::string id;                 // its device id in pod-resources
+};
 
 class UdevUevents final : public UeventSource {
  public:
@@ -146,6 +164,32 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   void Beat() { heartbeat_.store(Clock::now().time_since_epoch().count()); }
 
   void Loop();
+  // --device narrows the node to those functions' IOMMU groups; empty = every group.
+  std::set<int> AllowedGroups(const pci::Inventory& inventory) const;
+  // Whether the device's last bind (or unbind, in vm-vgpu) failed and its backoff has not expired yet.
+  bool BackingOff(const std::string& bdf, Clock::time_point now) const;
+  // After a failed bind or unbind: the device's next attempt, 1 s doubling to max_backoff. The delay.
+  milliseconds BackOff(const std::string& bdf);
+  const absl::StatusOr<Labels>& PassLabels();
+  // Between passes, every workload_label_interval: whether kWorkloadLabel differs from the value last acted on.
+  bool WorkloadLabelChanged();
+  // At the start of a pass: the mode kWorkloadLabel (else --workload) asks for, switched to when it differs.
+  void FollowWorkloadLabel();
+  void SwitchMode(Workload wanted, const std::string& why);
+  // vm-vgpu: selected GPUs still on a vfio driver move back to `nvidia`, except those a VM holds.
+  void ReleaseToHostDriver();
+  // vm-passthrough: a GPU on nvidia whose vGPU a VM holds is not bound (binding would pull the vGPU from under the VM).
+  void KeepHeldVgpuParents(const pci::Inventory& inventory, const pci::Selection& selection);
+  // GPU BDF -> who holds it: the pods pod-resources lists with an id of `in_use` under `resource_names`, and the
+  // processes with a group of it open. With pod-resources unreadable, every GPU of `in_use` counts as held.
+  std::map<std::string, std::string> WhoHolds(const std::vector<InUse>& in_use,
+                                              const std::set<std::string>& resource_names);
+  // Records the GPUs that wait for their VM (a Warning for each new one) and when to look at them again.
+  void NoteHeld(std::map<std::string, std::string> held, const std::string& driver);
+  // The first pass of a new mode: the WorkloadModeChanged event.
+  void ReportModeChange(const std::string& what);
+  // vm-vgpu: a ready node with GPUs still waiting for their VM is not ready yet, and the condition names who holds them.
+  Readiness WithHeld(Readiness readiness) const;
   // One pass: coexistence (while refused), bind what is due, then readiness and everything it feeds.
   absl::Status Pass();
   absl::Status PassOnce();
@@ -162,6 +206,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   void Conclude(Readiness readiness, Clock::time_point start);
   // True when a bind was attempted (the host changed).
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
+  // run --kubelet-api dra --bind-on-prepare: GPUs are bound by the claims that need them, never at start.
+  bool BindOnPrepare() const { return options_.dra && options_.dra->bind_on_prepare; }
   // What the kubelet must see: every id of `required` advertised and healthy, every resource with devices
   // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
   std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
@@ -184,6 +230,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   }
 
   DaemonOptions options_;
+  const Workload flag_workload_ = options_.serve.workload;  // --workload: the mode while the node has no label
   std::unique_ptr<kube::NodeReporter> reporter_;
   std::unique_ptr<UeventSource> uevents_;  // null: none
   const names::NameResolver names_;
@@ -220,6 +267,16 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   std::optional<Clock::time_point> settling_since_;
   std::string vgpu_outcome_;                        // state and message last published, for events on change
   std::optional<Clock::time_point> vgpu_retry_at_;  // a pending or failed config is tried again then
+  // The node's labels, read at most once a pass (coexistence, workload mode, vGPU config); reset by each pass.
+  std::optional<absl::StatusOr<Labels>> pass_labels_;
+  std::optional<absl::StatusOr<Labels>> polled_labels_;  // read between passes, with a changed workload label
+  Clock::time_point next_label_check_{};
+  std::optional<std::string> workload_label_;  // kWorkloadLabel's value last acted on ("" = none)
+  bool workload_labels_error_logged_ = false;
+  std::string mode_change_;  // "vm-passthrough -> vm-vgpu (why)" until the first pass of the new mode reported it
+  // GPUs that stay on the other mode's driver while a VM holds them: BDF -> who (the pod, else the pid).
+  std::map<std::string, std::string> mode_held_;
+  std::optional<Clock::time_point> mode_retry_at_;  // a held or failed move is looked at again then
 
   mutable std::mutex state_mu_;
   std::condition_variable pass_cv_;
@@ -296,6 +353,7 @@ void Daemon::Impl::Loop() {
   while (!stopping_) {
     Clock::time_point next = std::min(next_pass_, Clock::now() + max_wait);
     if (refused_) next = std::min(next, next_coexistence_);
+    if (reporter_) next = std::min(next, next_label_check_);
     for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
     const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
     const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, max_wait.count()));
@@ -319,6 +377,7 @@ void Daemon::Impl::Loop() {
     dirs_.Refresh(options_.serve.paths.kubelet_dir, options_.serve.paths.dev_root);
     const Clock::time_point now = Clock::now();
     if (refused_ && now >= next_coexistence_) pass = true;
+    if (reporter_ && now >= next_label_check_ && WorkloadLabelChanged()) pass = true;
     for (const auto& [bdf, backoff] : backoff_) pass = pass || now >= backoff.next;
     if (!pass) continue;
     if (absl::Status status = Pass(); !status.ok()) spdlog::error("reconcile: {}", status.ToString());
@@ -332,7 +391,7 @@ std::optional<Readiness> Daemon::Impl::RefusalNow(const std::vector<std::string>
                                " (remove the GPU Operator's sandbox device plugin from this node)"));
   }
   if (reporter_) {
-    absl::StatusOr<std::map<std::string, std::string>> labels = reporter_->NodeLabels(kLabelsTimeout);
+    const absl::StatusOr<Labels>& labels = PassLabels();
     if (!labels.ok()) {
       if (!labels_error_logged_) {
         spdlog::warn("coexistence: node labels unreadable ({}); deciding from the kubelet directory alone",
@@ -374,6 +433,9 @@ absl::Status Daemon::Impl::Pass() {
 
 absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
+  // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
+  pass_labels_ = std::exchange(polled_labels_, std::nullopt);
+  if (reporter_ && (pass_labels_ || Clock::now() >= next_label_check_)) FollowWorkloadLabel();
   if (options_.serve.workload == Workload::kVmVgpu) return PassVgpu(start);
   const HostPaths& paths = options_.serve.paths;
   const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};
@@ -392,7 +454,10 @@ absl::Status Daemon::Impl::PassOnce() {
     if (StillRefused(resource_names)) return absl::OkStatus();
   }
 
-  const bool attempted = BindDue(*inventory, selection);
+  KeepHeldVgpuParents(*inventory, selection);
+  // --bind-on-prepare: the GPUs stay on their host drivers; each claim's Prepare binds its own.
+  const bool attempted = !BindOnPrepare() && BindDue(*inventory, selection);
+  ReportModeChange("whole-GPU resources advertised; GPUsBound and BindFailed name the GPUs as they move to vfio-pci");
   if (!serving_) {
     // After the first binds, so that the plugin's first snapshot already holds the GPUs bound now.
     if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
@@ -410,6 +475,7 @@ absl::Status Daemon::Impl::PassOnce() {
       paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
   PublishDevices(selection, expected);
   Conclude(Evaluate(*inventory, selection, expected), start);
+  if (mode_retry_at_) next_pass_ = std::min(next_pass_, *mode_retry_at_);
   return absl::OkStatus();
 }
 
@@ -417,6 +483,7 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
   // vGPU names come from the agent's discovery (its catalogs): before it serves, the operator's labels and
   // NVIDIA's own plugin sockets are what tells another manager apart.
   if (refused_ && StillRefused({})) return absl::OkStatus();
+  ReleaseToHostDriver();
   // Before the plugin's first snapshot, so that it already advertises the vGPUs made now.
   ApplyVgpuProfiles();
   if (!serving_) {
@@ -425,9 +492,10 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
   }
   const plugin::DeviceSnapshot served = agent_->Snapshot();
   PublishDevices(pci::Selection{}, served);
-  Conclude(EvaluateVgpu(), start);
+  Conclude(WithHeld(EvaluateVgpu()), start);
   // A freed vGPU raises nothing the loop waits on (the VM closing its group node is no directory change).
   if (vgpu_retry_at_) next_pass_ = std::min(next_pass_, *vgpu_retry_at_);
+  if (mode_retry_at_) next_pass_ = std::min(next_pass_, *mode_retry_at_);
   return absl::OkStatus();
 }
 
@@ -436,7 +504,7 @@ void Daemon::Impl::ApplyVgpuProfiles() {
   if (options_.vgpu_config_file.empty()) return;
   std::string name = options_.vgpu_config;
   if (reporter_) {
-    absl::StatusOr<std::map<std::string, std::string>> labels = reporter_->NodeLabels(kLabelsTimeout);
+    const absl::StatusOr<Labels>& labels = PassLabels();
     if (labels.ok()) {
       auto it = labels->find(kVgpuConfigLabel);
       if (it != labels->end() && !it->second.empty()) name = it->second;
@@ -509,6 +577,299 @@ void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType t
   Event(type, reason, "ApplyingVgpuConfig", message);
 }
 
+const absl::StatusOr<Labels>& Daemon::Impl::PassLabels() {
+  if (!pass_labels_) pass_labels_ = reporter_->NodeLabels(kLabelsTimeout);
+  return *pass_labels_;
+}
+
+bool Daemon::Impl::WorkloadLabelChanged() {
+  next_label_check_ = Clock::now() + options_.workload_label_interval;
+  absl::StatusOr<Labels> labels = reporter_->NodeLabels(kLabelsTimeout);
+  if (!labels.ok() || WorkloadLabelOf(*labels) == workload_label_) return false;
+  polled_labels_ = std::move(labels);  // the pass this starts reads them from here
+  return true;
+}
+
+void Daemon::Impl::FollowWorkloadLabel() {
+  if (!reporter_) return;
+  next_label_check_ = Clock::now() + options_.workload_label_interval;
+  const Workload current = options_.serve.workload;
+  const absl::StatusOr<Labels>& labels = PassLabels();
+  if (!labels.ok()) {
+    if (!workload_labels_error_logged_) {
+      spdlog::warn("workload mode: node labels unreadable ({}); staying in {}", labels.status().ToString(),
+                   WorkloadName(current));
+    }
+    workload_labels_error_logged_ = true;
+    return;
+  }
+  workload_labels_error_logged_ = false;
+  const std::string value = WorkloadLabelOf(*labels);
+  const bool news = value != workload_label_;
+  workload_label_ = value;
+  Workload wanted = flag_workload_;
+  std::string why = absl::StrCat("no node label ", kWorkloadLabel, "; --workload ", WorkloadName(flag_workload_));
+  if (!value.empty()) {
+    absl::StatusOr<Workload> parsed = ParseWorkload(value);
+    if (!parsed.ok()) {
+      if (news) {
+        const std::string note = absl::StrCat("node label ", kWorkloadLabel, "=", value,
+                                              " is not a mode this agent serves (vm-passthrough or vm-vgpu); staying in ",
+                                              WorkloadName(current));
+        spdlog::warn("workload mode: {}", note);
+        Event(kube::EventType::kWarning, "WorkloadModeUnknown", "SwitchingMode", note);
+      }
+      return;
+    }
+    wanted = *parsed;
+    why = absl::StrCat("node label ", kWorkloadLabel, "=", value);
+  }
+  if (wanted == current) return;
+  if (dra_ && wanted == Workload::kVmVgpu) {
+    if (news) {
+      const std::string note = absl::StrCat(why, " asks for vGPUs, which --kubelet-api dra does not serve (they need "
+                                            "the device plugin); staying in vm-passthrough");
+      spdlog::warn("workload mode: {}", note);
+      Event(kube::EventType::kWarning, "WorkloadModeUnsupported", "SwitchingMode", note);
+    }
+    return;
+  }
+  SwitchMode(wanted, why);
+}
+
+// The old mode's plugin deregisters first (an empty list on every stream, its sockets removed: the kubelet's
+// count of its resources drops to 0), then the new mode's agent is served by this pass, after the GPUs moved.
+void Daemon::Impl::SwitchMode(Workload wanted, const std::string& why) {
+  if (started_) {
+    mode_change_ = absl::StrCat(WorkloadName(options_.serve.workload), " -> ", WorkloadName(wanted), " (", why, ")");
+    spdlog::info("workload mode: {}", mode_change_);
+  } else {
+    spdlog::info("workload mode: {} ({})", WorkloadName(wanted), why);  // the start's mode, nothing changed
+  }
+  if (serving_) {
+    agent_->Stop();
+    serving_ = false;
+  }
+  options_.serve.workload = wanted;
+  agent_ = std::make_unique<plugin::Agent>(options_.serve);
+  // What the passes of the old mode kept about its devices.
+  backoff_.clear();
+  bind_failures_.clear();
+  health_seen_.clear();
+  kubelet_key_.clear();
+  host_fingerprint_.clear();
+  settling_since_.reset();
+  vgpu_outcome_.clear();
+  vgpu_retry_at_.reset();
+  mode_held_.clear();
+  mode_retry_at_.reset();
+}
+
+void Daemon::Impl::ReportModeChange(const std::string& what) {
+  if (mode_change_.empty()) return;
+  std::string note = absl::StrCat("workload mode ", mode_change_, ": ", what);
+  if (!mode_held_.empty()) {
+    absl::StrAppend(&note, "; ", mode_held_.size(), " GPUs move once their VM ends: ",
+                    absl::StrJoin(mode_held_, "; ", absl::PairFormatter(" held by ")));
+  }
+  spdlog::info("{}", note);
+  Event(kube::EventType::kNormal, "WorkloadModeChanged", "SwitchingMode", note);
+  mode_change_.clear();
+}
+
+std::map<std::string, std::string> Daemon::Impl::WhoHolds(const std::vector<InUse>& in_use,
+                                                          const std::set<std::string>& resource_names) {
+  std::map<std::string, std::vector<std::string>> who;  // GPU -> pods, then pids
+  absl::StatusOr<std::vector<plugin::HeldByContainer>> pods =
+      plugin::HeldDevicesByPod(options_.serve.paths.pod_resources_socket, resource_names, options_.kubelet_wait);
+  if (!pods.ok()) {
+    // Whether a pod was given the GPU is unknown: it stays where it is until the kubelet answers.
+    for (const InUse& use : in_use) who[use.gpu] = {absl::StrCat("unknown pods (", pods.status().message(), ")")};
+  } else {
+    for (const plugin::HeldByContainer& container : *pods) {
+      for (const InUse& use : in_use) {
+        const std::string pod = absl::StrCat("pod ", container.pod_namespace, "/", container.pod_name);
+        std::vector<std::string>& names = who[use.gpu];
+        if (container.ids.contains(use.id) && std::find(names.begin(), names.end(), pod) == names.end()) {
+          names.push_back(pod);
+        }
+      }
+    }
+  }
+  const std::map<int, std::vector<binding::Holder>> openers = binding::VfioGroupOpenersByGroup(options_.serve.paths);
+  for (const InUse& use : in_use) {
+    auto it = use.group ? openers.find(*use.group) : openers.end();
+    if (it == openers.end()) continue;
+    for (const binding::Holder& holder : it->second) who[use.gpu].push_back(holder.ToString());
+  }
+  std::map<std::string, std::string> held;
+  for (const auto& [gpu, names] : who) {
+    if (!names.empty()) held[gpu] = absl::StrJoin(names, ", ");
+  }
+  return held;
+}
+
+void Daemon::Impl::NoteHeld(std::map<std::string, std::string> held, const std::string& driver) {
+  for (const auto& [bdf, who] : held) {
+    auto it = mode_held_.find(bdf);
+    if (it != mode_held_.end() && it->second == who) continue;
+    const std::string note = absl::StrCat("GPU ", bdf, " stays on ", driver, " until its VM ends (", 
+                                          WorkloadName(options_.serve.workload), " waits for it): held by ", who);
+    spdlog::warn("workload mode: {}", note);
+    Event(kube::EventType::kWarning, "GPUNotMoved", "SwitchingMode", note);
+  }
+  mode_held_ = std::move(held);
+  mode_retry_at_.reset();
+  if (!mode_held_.empty()) mode_retry_at_ = Clock::now() + options_.mode_retry;
+}
+
+void Daemon::Impl::ReleaseToHostDriver() {
+  const HostPaths& paths = options_.serve.paths;
+  absl::StatusOr<pci::Inventory> inventory =
+      pci::Scan(paths.sysfs_root, {.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false});
+  if (!inventory.ok()) {
+    spdlog::warn("workload mode: {}", inventory.status().ToString());
+    return;
+  }
+  const pci::Selection selection = pci::Select(*inventory, options_.serve.policy);
+  const std::set<int> allowed_groups = AllowedGroups(*inventory);
+  const Clock::time_point now = Clock::now();
+  // A device off vfio has nothing left to retry (an expired backoff would keep waking the loop).
+  std::erase_if(backoff_, [&](const auto& entry) {
+    const pci::Function* fn = inventory->Find(entry.first);
+    return fn == nullptr || !pci::IsVfioDriver(fn->driver);
+  });
+  std::vector<InUse> on_vfio;
+  std::set<std::string> gpus;
+  for (const std::string& bdf : selection.gpus) {
+    const pci::Function* fn = inventory->Find(bdf);
+    if (selection.RoleOf(bdf) != pci::Role::kGpu || fn == nullptr || !fn->iommu_group ||
+        !pci::IsVfioDriver(fn->driver) || BackingOff(bdf, now) ||
+        (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group))) {
+      continue;
+    }
+    on_vfio.push_back({.gpu = bdf, .group = fn->iommu_group, .id = bdf});
+    gpus.insert(bdf);
+  }
+  if (on_vfio.empty()) {
+    NoteHeld({}, "");
+    ReportModeChange("no GPU was on vfio-pci; vGPUs advertised");
+    return;
+  }
+  std::set<std::string> passthrough_names;
+  for (const auto& [name, resource] : plugin::BuildSnapshot(paths, *inventory, selection, names_, gpus).resources) {
+    passthrough_names.insert(name);
+  }
+  std::map<std::string, std::string> held = WhoHolds(on_vfio, passthrough_names);
+  binding::UnbindOptions unbind;
+  unbind.paths = paths;
+  unbind.policy = options_.serve.policy;
+  unbind.write_timeout = options_.bind.write_timeout;
+  std::set<int> held_groups;
+  for (const InUse& use : on_vfio) {
+    if (held.contains(use.gpu)) held_groups.insert(*use.group);
+  }
+  for (const InUse& use : on_vfio) {
+    if (!held_groups.contains(*use.group)) unbind.groups.push_back(*use.group);
+  }
+  std::sort(unbind.groups.begin(), unbind.groups.end());
+  unbind.groups.erase(std::unique(unbind.groups.begin(), unbind.groups.end()), unbind.groups.end());
+  std::vector<std::string> moved, failed;
+  if (!unbind.groups.empty()) {
+    absl::StatusOr<binding::BindReport> report = binding::Unbind(unbind);
+    if (!report.ok()) {
+      failed.emplace_back(report.status().message());
+    } else {
+      for (const binding::DeviceResult& result : report->devices) {
+        if (result.role != pci::Role::kGpu) continue;
+        if (result.outcome == binding::Outcome::kRefused) {
+          std::vector<std::string> who;
+          for (const binding::Holder& holder : result.holders) who.push_back(holder.ToString());
+          held[result.bdf] = absl::StrJoin(who, ", ");
+        } else if (result.outcome == binding::Outcome::kRestored && result.driver_after == vgpu::kNvidiaDriver) {
+          moved.push_back(result.bdf);
+          backoff_.erase(result.bdf);
+        } else if (result.outcome == binding::Outcome::kRestored) {
+          failed.push_back(absl::StrCat(result.bdf, " left vfio-pci but is on ", DriverText(result.driver_after),
+                                        ", not nvidia: the vGPU manager does not drive it"));
+        } else if (result.outcome != binding::Outcome::kNotBound) {
+          failed.push_back(absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason,
+                                        "; retrying in ", BackOff(result.bdf).count(), " ms"));
+        }
+      }
+    }
+  }
+  NoteHeld(std::move(held), "vfio-pci");
+  const std::string what = absl::StrCat(moved.size(), " GPUs moved from vfio-pci to nvidia",
+                                        moved.empty() ? "" : absl::StrCat(" (", absl::StrJoin(moved, ","), ")"));
+  if (!mode_change_.empty()) {
+    ReportModeChange(absl::StrCat(what, "; vGPUs advertised"));
+  } else if (!moved.empty()) {
+    spdlog::info("workload mode vm-vgpu: {}", what);
+    Event(kube::EventType::kNormal, "GPUMoved", "SwitchingMode", absl::StrCat(what, " now that no VM holds them"));
+  }
+  if (!failed.empty()) {
+    const std::string note = absl::StrCat("not moved to nvidia for vm-vgpu: ", absl::StrJoin(failed, "; "));
+    spdlog::warn("workload mode: {}", note);
+    Event(kube::EventType::kWarning, "GPUNotMoved", "SwitchingMode", note);
+  }
+  if (!moved.empty() && serving_) agent_->RescanNow();
+}
+
+void Daemon::Impl::KeepHeldVgpuParents(const pci::Inventory& inventory, const pci::Selection& selection) {
+  std::set<std::string> on_nvidia;
+  for (const std::string& bdf : selection.gpus) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (selection.RoleOf(bdf) == pci::Role::kGpu && fn != nullptr && fn->driver == vgpu::kNvidiaDriver) {
+      on_nvidia.insert(bdf);
+    }
+  }
+  std::map<std::string, std::string> held;
+  if (!on_nvidia.empty()) {
+    absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.serve.paths.sysfs_root, inventory, vgpu_catalog_);
+    if (!discovery.ok()) spdlog::warn("workload mode: vGPUs unreadable: {}", discovery.status().ToString());
+    std::vector<InUse> vgpus;
+    auto gpu_of = [&](const std::string& bdf) {  // an Ampere mdev's parent is a VF of the GPU
+      const pci::Function* fn = inventory.Find(bdf);
+      return fn != nullptr && fn->physfn ? *fn->physfn : bdf;
+    };
+    for (const vgpu::Mdev& mdev : discovery.ok() ? discovery->mdevs : std::vector<vgpu::Mdev>{}) {
+      vgpus.push_back({.gpu = gpu_of(mdev.parent_bdf), .group = mdev.iommu_group, .id = mdev.uuid});
+    }
+    for (const vgpu::SriovVgpu& vgpu : discovery.ok() ? discovery->vgpus : std::vector<vgpu::SriovVgpu>{}) {
+      const pci::Function* fn = inventory.Find(vgpu.bdf);
+      vgpus.push_back({.gpu = vgpu.pf_bdf, .group = fn ? fn->iommu_group : std::nullopt, .id = vgpu.bdf});
+    }
+    std::erase_if(vgpus, [&](const InUse& use) { return !on_nvidia.contains(use.gpu); });
+    if (!vgpus.empty()) {
+      std::set<std::string> vgpu_names;
+      const plugin::VgpuSnapshot advertised =
+          plugin::BuildVgpuSnapshot(options_.serve.paths, inventory, *discovery, options_.serve.domain, {});
+      for (const auto& [name, resource] : advertised.snapshot.resources) vgpu_names.insert(name);
+      held = WhoHolds(vgpus, vgpu_names);
+    }
+  }
+  for (const auto& [bdf, who] : held) {
+    bind_failures_[bdf] = absl::StrCat(bdf, " stays on nvidia until its VM ends: a vGPU of it is held by ", who);
+  }
+  for (const auto& [bdf, who] : mode_held_) {
+    if (!held.contains(bdf)) bind_failures_.erase(bdf);
+  }
+  NoteHeld(std::move(held), "nvidia");
+}
+
+Readiness Daemon::Impl::WithHeld(Readiness readiness) const {
+  if (mode_held_.empty()) return readiness;
+  const std::string note =
+      absl::StrCat("mode.switched: GPUs wait for their VM to end before moving to nvidia for vm-vgpu: ",
+                   absl::StrJoin(mode_held_, "; ", absl::PairFormatter(" held by ")));
+  if (!readiness.ready) {
+    absl::StrAppend(&readiness.message, "; ", note);
+    return readiness;
+  }
+  return {.ready = false, .check_id = "mode.switched", .reason = "WorkloadModeSwitchPending", .message = note};
+}
+
 bool Daemon::Impl::StillRefused(const std::vector<std::string>& resource_names) {
   if (std::optional<Readiness> refusal = RefusalNow(resource_names)) {
     next_coexistence_ = Clock::now() + options_.coexistence_recheck;
@@ -539,30 +900,47 @@ void Daemon::Impl::Conclude(Readiness readiness, Clock::time_point start) {
   }
 }
 
+std::set<int> Daemon::Impl::AllowedGroups(const pci::Inventory& inventory) const {
+  std::set<int> groups;
+  for (const std::string& bdf : options_.bind.only) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn != nullptr && fn->iommu_group) groups.insert(*fn->iommu_group);
+  }
+  return groups;
+}
+
+bool Daemon::Impl::BackingOff(const std::string& bdf, Clock::time_point now) const {
+  auto it = backoff_.find(bdf);
+  return it != backoff_.end() && now < it->second.next;
+}
+
+milliseconds Daemon::Impl::BackOff(const std::string& bdf) {
+  Backoff& backoff = backoff_[bdf];
+  backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff : std::min(backoff.delay * 2, options_.max_backoff);
+  backoff.next = Clock::now() + backoff.delay;
+  return backoff.delay;
+}
+
 bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection& selection) {
   const Clock::time_point now = Clock::now();
   std::vector<std::string> managed = selection.gpus;
   managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
-  // --device narrows the node to those functions' groups.
-  std::set<int> allowed_groups;
-  for (const std::string& bdf : options_.bind.only) {
-    const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && fn->iommu_group) allowed_groups.insert(*fn->iommu_group);
-  }
+  const std::set<int> allowed_groups = AllowedGroups(inventory);
   std::set<int> due_groups;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
-    if (fn == nullptr || pci::IsVfioDriver(fn->driver) || !fn->iommu_group) continue;
+    if (fn == nullptr || pci::IsVfioDriver(fn->driver) || !fn->iommu_group || mode_held_.contains(bdf)) continue;
     if (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group)) continue;
-    auto it = backoff_.find(bdf);
-    if (it == backoff_.end() || now >= it->second.next) due_groups.insert(*fn->iommu_group);
+    if (!BackingOff(bdf, now)) due_groups.insert(*fn->iommu_group);
   }
   if (due_groups.empty()) return false;
   binding::BinderOptions options = options_.bind;
   options.only.clear();
   for (const std::string& bdf : selection.gpus) {
     const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && fn->iommu_group && due_groups.contains(*fn->iommu_group)) options.only.push_back(bdf);
+    if (fn != nullptr && fn->iommu_group && due_groups.contains(*fn->iommu_group) && !mode_held_.contains(bdf)) {
+      options.only.push_back(bdf);
+    }
   }
   if (options.only.empty()) return false;
   absl::StatusOr<binding::BindReport> report = binding::Bind(options);
@@ -584,14 +962,11 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
         break;
       case binding::Outcome::kFailed:
       case binding::Outcome::kBlocked: {
-        Backoff& backoff = backoff_[result.bdf];
-        backoff.delay = backoff.delay.count() == 0 ? options_.first_backoff
-                                                   : std::min(backoff.delay * 2, options_.max_backoff);
-        backoff.next = Clock::now() + backoff.delay;
+        const milliseconds delay = BackOff(result.bdf);
         metrics_.CountBindFailure(FailureLabel(result));
         const std::string note = absl::StrCat(result.bdf, " ", binding::OutcomeName(result.outcome), ": ", result.reason);
         bind_failures_[result.bdf] = note;
-        spdlog::warn("reconcile: {}; retrying in {} ms", note, backoff.delay.count());
+        spdlog::warn("reconcile: {}; retrying in {} ms", note, delay.count());
         // BindBlocked names who holds the GPU; anything else is a failure of the bind itself.
         Event(kube::EventType::kWarning, result.holders.empty() ? "BindFailed" : "BindBlocked", "Binding", note);
         break;
@@ -636,7 +1011,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   std::vector<std::string> unbound;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
-    if (fn != nullptr && pci::IsVfioDriver(fn->driver)) continue;
+    if (BindOnPrepare() || (fn != nullptr && pci::IsVfioDriver(fn->driver))) continue;
     auto failure = bind_failures_.find(bdf);
     unbound.push_back(failure != bind_failures_.end() ? failure->second
                                                       : absl::StrCat(bdf, " on ", DriverText(fn ? fn->driver : "")));
@@ -859,7 +1234,21 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
 
 void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
   // The DRA driver applies the same health rule (pci/vfio_health.h) to the same sysfs: its devices are `expected`.
-  const plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
+  if (BindOnPrepare()) {
+    // A GPU on its host driver is healthy under this policy (a claim binds it): the driver's own health, or every
+    // claim's bind and return would read as DeviceRecovered and DeviceLost.
+    std::map<std::string, dra::GpuDevice> published;
+    for (dra::GpuDevice& device : dra_->Devices()) published[device.bdf] = std::move(device);
+    for (auto& [name, resource] : served.resources) {
+      for (plugin::PluginDevice& device : resource.devices) {
+        if (auto it = published.find(device.id); it != published.end()) {
+          device.healthy = it->second.healthy();
+          device.unhealthy_reason = it->second.unhealthy_reason;
+        }
+      }
+    }
+  }
   std::map<std::pair<std::string, std::string>, int> counts;
   std::set<std::string> advertised;
   for (const auto& [name, resource] : served.resources) {

@@ -3,14 +3,11 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "vfio_gpu_agent/common/grpc_idle.h"
 
 namespace vfio_agent::daemon::internal {
 
 using grpc::health::v1::HealthCheckResponse;
-
-namespace {
-constexpr int kPollerTimeoutMs = 24 * 3600 * 1000;
-}  // namespace
 
 HealthServer::HealthServer(std::function<bool()> ready, std::function<bool()> live)
     : ready_(std::move(ready)), live_(std::move(live)) {}
@@ -24,8 +21,7 @@ absl::Status HealthServer::Start(const std::string& host, int port) {
   // gRPC sets SO_REUSEPORT by default: a second agent (or anything else) on the port would then share it
   // silently and answer half the kubelet's probes.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Without calls the sync pollers wake only at this timeout (default 10 s); Shutdown wakes them at once.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, kPollerTimeoutMs);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, kSyncPollerTimeoutMs);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();

@@ -3,8 +3,10 @@
 #include <optional>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "cdi/v1/spec.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -23,6 +25,9 @@ constexpr char kPodClaimNameAnnotation[] = "resource.kubernetes.io/pod-claim-nam
 constexpr char kPciBusIdAttribute[] = "resource.kubernetes.io/pciBusID";
 constexpr char kMetadataApiVersion[] = "metadata.resource.k8s.io/v1alpha1";
 // Set by the scheduler on the claim it creates for a pod's extended-resource request (DRAExtendedResource).
+// A claim's files serve this boot only: the checkpoint of another boot is discarded with them (Load), and the CDI
+// directory is a tmpfs. So no fsync (ten disk flushes for an 8-GPU claim).
+constexpr fs::Durability kClaimFiles = fs::Durability::kThisBoot;
 constexpr char kExtendedResourceClaimAnnotation[] = "resource.kubernetes.io/extended-resource-claim";
 
 std::string ClaimRef(const drav1::Claim& claim) {
@@ -55,7 +60,7 @@ Json CheckpointJson(const PreparedClaim& claim) {
   Json json = {{"bootID", claim.boot_id},       {"namespace", claim.namespace_name},
                {"name", claim.name},            {"uid", claim.uid},
                {"cdiSpec", claim.cdi_spec},     {"metadataDir", claim.metadata_dir},
-               {"devices", std::move(devices)}};
+               {"devices", std::move(devices)}, {"driversBeforeBind", claim.drivers_before_bind}};
   if (!claim.fabric_partitions.empty()) json["fabricPartitions"] = claim.fabric_partitions;
   return json;
 }
@@ -85,6 +90,12 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
       }
     }
     claim.devices.push_back(std::move(entry));
+  }
+  // An agent restarted between Prepare and Unprepare still returns each function where it was.
+  if (json.contains("driversBeforeBind") && json["driversBeforeBind"].is_object()) {
+    for (const auto& [bdf, driver] : json["driversBeforeBind"].items()) {
+      if (driver.is_string()) claim.drivers_before_bind[bdf] = driver.get<std::string>();
+    }
   }
   if (json.contains("fabricPartitions") && json["fabricPartitions"].is_array()) {
     for (const Json& id : json["fabricPartitions"]) {
@@ -151,7 +162,9 @@ ClaimPreparer::ClaimPreparer(const DriverOptions& options, FabricClaims* fabric)
     : options_(options),
       fabric_(fabric),
       names_(options.pci_ids, options.domain, options.overrides),
-      plugin_dir_(options.plugins_dir / options.driver_name) {}
+      plugin_dir_(options.plugins_dir / options.driver_name) {
+  if (options.bind_on_prepare) bind_.emplace(options.paths, options.policy);
+}
 
 std::filesystem::path ClaimPreparer::CheckpointFile(const std::string& uid) const {
   return plugin_dir_ / "claims" / (uid + ".json");
@@ -199,7 +212,7 @@ std::vector<PreparedClaim> ClaimPreparer::Prepared() const {
 absl::Status ClaimPreparer::Forget(const std::string& uid) {
   auto it = prepared_.find(uid);
   if (it == prepared_.end()) return absl::OkStatus();  // unprepared meanwhile
-  if (absl::Status removed = Remove(it->second); !removed.ok()) return removed;
+  if (absl::Status released = Release(it->second, absl::Now() + kCallBudget); !released.ok()) return released;
   prepared_.erase(it);
   return absl::OkStatus();
 }
@@ -215,19 +228,81 @@ absl::Status ClaimPreparer::Remove(const PreparedClaim& claim) const {
   return absl::OkStatus();
 }
 
-absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::string& device,
-                                        const pci::Inventory& inventory, const pci::Selection& selection,
-                                        const std::string& uid) const {
-  const std::string what = absl::StrCat("device ", device, " (", bdf, ")");
+absl::Status ClaimPreparer::WriteCheckpoint(const PreparedClaim& claim) const {
+  return fs::WriteFileAtomically(CheckpointFile(claim.uid), CheckpointJson(claim).dump(2) + "\n", 0644, kClaimFiles);
+}
+
+RecordedDrivers ClaimPreparer::HandOverSharedGroups(const PreparedClaim& claim) {
+  RecordedDrivers mine = claim.drivers_before_bind;
+  for (auto& [uid, other] : prepared_) {
+    if (uid == claim.uid) continue;
+    std::set<int> groups;
+    for (const PreparedDevice& device : other.devices) {
+      if (std::optional<int> group = IommuGroupOf(options_.paths, device.bdf)) groups.insert(*group);
+    }
+    bool handed = false;
+    for (auto it = mine.begin(); it != mine.end();) {
+      std::optional<int> group = IommuGroupOf(options_.paths, it->first);
+      if (!group || !groups.contains(*group)) {
+        ++it;
+        continue;
+      }
+      spdlog::info("DRA claim {}/{} ({}): {} stays on vfio-pci, its IOMMU group {} is in claim {}/{} ({}) too",
+                   claim.namespace_name, claim.name, claim.uid, it->first, *group, other.namespace_name, other.name,
+                   uid);
+      other.drivers_before_bind.insert(*it);
+      it = mine.erase(it);
+      handed = true;
+    }
+    if (handed) {
+      if (absl::Status written = WriteCheckpoint(other); !written.ok()) {
+        spdlog::error("DRA claim {}/{} ({}): {}", other.namespace_name, other.name, uid, std::string(written.message()));
+      }
+    }
+  }
+  return mine;
+}
+
+absl::Status ClaimPreparer::Release(const PreparedClaim& claim, absl::Time deadline) {
+  // Functions first: a claim whose GPUs could not go back keeps its checkpoint, so a retry still knows where.
+  if (bind_ && !claim.drivers_before_bind.empty()) {
+    const RecordedDrivers returning = HandOverSharedGroups(claim);
+    if (absl::Status returned = bind_->Return(returning, deadline); !returned.ok()) return returned;
+    for (const auto& [bdf, driver] : returning) {
+      spdlog::info("DRA claim {}/{} ({}): {} returned to {}", claim.namespace_name, claim.name, claim.uid, bdf,
+                   driver.empty() ? "no driver" : driver);
+    }
+  }
+  return Remove(claim);
+}
+
+absl::Status ClaimPreparer::CheckNotHeld(const std::string& bdf, const std::string& device,
+                                         const std::string& uid) const {
   for (const auto& [other_uid, other] : prepared_) {
     if (other_uid == uid) continue;
     for (const PreparedDevice& held : other.devices) {
       if (held.bdf == bdf) {
-        return absl::FailedPreconditionError(absl::StrCat(what, " is held by prepared claim ", other.namespace_name, "/",
-                                                          other.name, " (", other.uid, ")"));
+        return absl::FailedPreconditionError(absl::StrCat("device ", device, " (", bdf, ") is held by prepared claim ",
+                                                          other.namespace_name, "/", other.name, " (", other.uid, ")"));
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RecordedDrivers> ClaimPreparer::BindDevices(const std::vector<std::string>& bdfs,
+                                                           const std::string& uid, absl::Time call_start) const {
+  for (const std::string& bdf : bdfs) {
+    if (absl::Status held = CheckNotHeld(bdf, DeviceName(bdf), uid); !held.ok()) return held;
+  }
+  return bind_->Bind(bdfs, call_start);
+}
+
+absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::string& device,
+                                        const pci::Inventory& inventory, const pci::Selection& selection,
+                                        const std::string& uid) const {
+  const std::string what = absl::StrCat("device ", device, " (", bdf, ")");
+  if (absl::Status held = CheckNotHeld(bdf, device, uid); !held.ok()) return held;
   const pci::Function* fn = inventory.Find(bdf);
   if (fn == nullptr) {
     return absl::NotFoundError(absl::StrCat(what, ": not in ", options_.paths.PciDevices().string()));
@@ -283,8 +358,9 @@ void ClaimPreparer::AddExtendedResourceEnv(const std::vector<PreparedDevice>& de
   for (const auto& [env, bdfs] : bdfs_by_env) edits->add_env(absl::StrCat(env, "=", absl::StrJoin(bdfs, ",")));
 }
 
-absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& inventory,
-                                                        const pci::Selection& selection) {
+absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& scanned,
+                                                        const pci::Selection& scanned_selection,
+                                                        absl::Time call_start) {
   const std::string ref = ClaimRef(request);
   if (!IsSafeUid(request.uid())) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
   if (!options_.get_claim) {
@@ -305,6 +381,35 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     return absl::FailedPreconditionError(absl::StrCat(ref, ": no device allocated to driver ", options_.driver_name));
   }
 
+  // --bind-on-prepare: the groups go onto vfio-pci first, and the checks below see the host after the bind. From
+  // here on a failure returns every function moved before the claim's error is answered.
+  RecordedDrivers bound;
+  std::optional<pci::Inventory> rescanned;
+  pci::Selection reselected;
+  if (bind_) {
+    std::vector<std::string> bdfs;
+    for (const kube::AllocationResult* result : ours) {
+      if (absl::StatusOr<std::string> bdf = BdfOfDevice(result->device); bdf.ok()) bdfs.push_back(*bdf);
+    }
+    absl::StatusOr<RecordedDrivers> moved = BindDevices(bdfs, claim->uid, call_start);
+    if (!moved.ok()) return absl::Status(moved.status().code(), absl::StrCat(ref, ": ", moved.status().message()));
+    bound = *std::move(moved);
+    absl::StatusOr<pci::Inventory> after =
+        pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+    if (after.ok()) {
+      rescanned = *std::move(after);
+      reselected = pci::Select(*rescanned, options_.policy);
+    }
+  }
+  const pci::Inventory& inventory = rescanned ? *rescanned : scanned;
+  const pci::Selection& selection = rescanned ? reselected : scanned_selection;
+  absl::Cleanup undo_bind = [&] {
+    if (bound.empty()) return;
+    if (absl::Status returned = bind_->Return(bound, call_start + kCallBudget); !returned.ok()) {
+      spdlog::error("DRA prepare: {}: {}", ref, std::string(returned.message()));
+    }
+  };
+
   const bool iommufd = fs::Exists(options_.paths.dev_root / "iommu");
   const std::string kind = absl::StrCat(options_.driver_name, "/claim");
   cdi::v1::Spec spec;
@@ -316,7 +421,8 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
                          .boot_id = boot_id_,
                          .cdi_spec = options_.cdi_dir / absl::StrCat(options_.driver_name, "_claim_", claim->uid, ".json"),
                          .metadata_dir = plugin_dir_ / "dra-device-metadata" /
-                                         absl::StrCat(claim->namespace_name, "_", claim->name)};
+                                         absl::StrCat(claim->namespace_name, "_", claim->name),
+                         .drivers_before_bind = bound};
   std::map<std::string, std::vector<const kube::AllocationResult*>> by_request;
   for (const kube::AllocationResult* result : ours) {
     absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
@@ -386,23 +492,27 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     for (const auto& [path, content] : metadata_files) {
       std::filesystem::create_directories(path.parent_path(), ec);
       if (ec) return absl::UnavailableError(absl::StrCat("create ", path.parent_path().string(), ": ", ec.message()));
-      if (absl::Status status = fs::WriteFileAtomically(path, content); !status.ok()) return status;
+      if (absl::Status status = fs::WriteFileAtomically(path, content, 0644, kClaimFiles); !status.ok()) return status;
     }
     std::filesystem::create_directories(options_.cdi_dir, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("create ", options_.cdi_dir.string(), ": ", ec.message()));
-    if (absl::Status status = fs::WriteFileAtomically(prepared.cdi_spec, spec_json); !status.ok()) return status;
+    if (absl::Status status = fs::WriteFileAtomically(prepared.cdi_spec, spec_json, 0644, kClaimFiles); !status.ok()) {
+      return status;
+    }
     // Last: a checkpoint names only what exists; a crash before it leaves files the retry overwrites.
-    return fs::WriteFileAtomically(CheckpointFile(claim->uid), CheckpointJson(prepared).dump(2) + "\n");
+    return WriteCheckpoint(prepared);
   }();
   if (!written.ok()) {
     (void)Remove(prepared);  // best effort: what is left is overwritten by the retry
     return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
   }
+  std::move(undo_bind).Cancel();
   return prepared;
 }
 
 drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request) {
   drav1::NodePrepareResourcesResponse response;
+  const absl::Time start = absl::Now();
   // Read once per call, and only when some claim is new: a repeat (the kubelet after a restart) costs no scan.
   std::optional<absl::StatusOr<pci::Inventory>> inventory;
   pci::Selection selection;
@@ -421,7 +531,7 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
       entry.set_error(absl::StrCat(ClaimRef(claim), ": ", inventory->status().message()));
       continue;
     }
-    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, **inventory, selection);
+    absl::StatusOr<PreparedClaim> prepared = PrepareOne(claim, **inventory, selection, start);
     if (!prepared.ok()) {
       spdlog::warn("DRA prepare: {}", std::string(prepared.status().message()));
       entry.set_error(std::string(prepared.status().message()));
@@ -438,12 +548,13 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
 
 drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::NodeUnprepareResourcesRequest& request) {
   drav1::NodeUnprepareResourcesResponse response;
+  const absl::Time deadline = absl::Now() + kCallBudget;
   for (const drav1::Claim& claim : request.claims()) {
     (*response.mutable_claims())[claim.uid()];
     auto it = prepared_.find(claim.uid());
     if (it == prepared_.end()) continue;  // never prepared here, or already unprepared: nothing to undo
-    // The default policy: the GPUs stay on vfio-pci; only this claim's files go.
-    if (absl::Status removed = Remove(it->second); !removed.ok()) {
+    // By default the GPUs stay on vfio-pci and only this claim's files go; --bind-on-prepare returns what it bound.
+    if (absl::Status removed = Release(it->second, deadline); !removed.ok()) {
       (*response.mutable_claims())[claim.uid()].set_error(absl::StrCat(ClaimRef(claim), ": ", removed.message()));
       continue;
     }

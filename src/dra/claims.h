@@ -1,4 +1,5 @@
-// Prepare and Unprepare for GPUs already on vfio-pci (the default policy: GPUs stay there). For each claim: its
+// Prepare and Unprepare. By default for GPUs already on vfio-pci, which stay there; with --bind-on-prepare the
+// claim's groups are bound first and returned after (bind_policy.h). For each claim: its
 // ResourceClaim read from the API (UID and allocation checked), every device allocated to this driver checked
 // (whole IOMMU group on a vfio driver, group node present, held by no other prepared claim), one CDI spec, a
 // KEP-5304 metadata file per request bind-mounted by that spec, and a checkpoint file. Unprepare removes all three.
@@ -6,9 +7,12 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "bind_policy.h"
 #include "cdi/v1/spec.pb.h"
 #include "fabric_claims.h"
 #include "kubelet_services.h"
@@ -36,6 +40,7 @@ struct PreparedClaim {
   std::filesystem::path cdi_spec;
   std::filesystem::path metadata_dir;
   std::vector<PreparedDevice> devices;
+  RecordedDrivers drivers_before_bind;  // --bind-on-prepare: what this claim moved to vfio-pci, and from where
   std::vector<uint32_t> fabric_partitions;  // --fabric-manager: the partitions activated for the claim
 };
 
@@ -60,7 +65,13 @@ class ClaimPreparer final : public ClaimHandler {
  private:
   // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
   absl::StatusOr<PreparedClaim> PrepareOne(const drav1::Claim& claim, const pci::Inventory& inventory,
-                                           const pci::Selection& selection);
+                                           const pci::Selection& selection, absl::Time call_start);
+  // --bind-on-prepare: the allocated devices' groups onto vfio-pci (a device another claim holds is refused
+  // before anything is written).
+  absl::StatusOr<RecordedDrivers> BindDevices(const std::vector<std::string>& bdfs, const std::string& uid,
+                                              absl::Time call_start) const;
+  // The claim held by no other prepared claim (by UID) than `uid`, or the error naming the one that holds it.
+  absl::Status CheckNotHeld(const std::string& bdf, const std::string& device, const std::string& uid) const;
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
                            const pci::Selection& selection, const std::string& uid) const;
   // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
@@ -70,11 +81,18 @@ class ClaimPreparer final : public ClaimHandler {
   std::filesystem::path CheckpointFile(const std::string& uid) const;
   // Removes the claim's CDI spec, metadata and checkpoint file, then releases its Fabric Manager partition.
   absl::Status Remove(const PreparedClaim& claim) const;
+  absl::Status WriteCheckpoint(const PreparedClaim& claim) const;
+  // Unprepare's and the sweep's undoing: the functions the claim bound back on their recorded drivers, then Remove.
+  absl::Status Release(const PreparedClaim& claim, absl::Time deadline);
+  // The claim's records less those of IOMMU groups another prepared claim still uses: those go to that claim (and
+  // its checkpoint), so the last claim out of a shared group returns it.
+  RecordedDrivers HandOverSharedGroups(const PreparedClaim& claim);
 
   const DriverOptions options_;
   FabricClaims* const fabric_;
   const names::NameResolver names_;
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
+  std::optional<BindOnPrepare> bind_;  // with --bind-on-prepare
   std::string boot_id_;
   std::map<std::string, PreparedClaim> prepared_;  // by claim UID
 };

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bind_policy.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/pci/vfio_health.h"
@@ -37,7 +38,7 @@ std::string PcieRoot(const HostPaths& paths, const std::string& bdf) {
 std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
                                     const pci::Selection& selection, const names::NameResolver& names,
                                     const names::PciIdsDatabase* pci_ids, std::string_view driver,
-                                    const std::vector<GpuDevice>& previous) {
+                                    const std::vector<GpuDevice>& previous, bool bind_on_prepare) {
   std::vector<const pci::Function*> gpus;
   std::vector<std::pair<uint16_t, uint16_t>> ids;
   for (const std::string& bdf : selection.gpus) {
@@ -52,8 +53,11 @@ std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory
 
   std::vector<GpuDevice> devices;
   for (const pci::Function* fn : gpus) {
+    const pci::GroupAssessment* group = selection.GroupOf(*fn);
     GpuDevice device{.bdf = fn->bdf,
-                     .unhealthy_reason = pci::VfioUnhealthyReason(paths, *fn, selection.GroupOf(*fn), iommufd)};
+                     .unhealthy_reason = bind_on_prepare
+                                             ? internal::BindOnPrepareUnhealthyReason(paths, *fn, group, iommufd)
+                                             : pci::VfioUnhealthyReason(paths, *fn, group, iommufd)};
     kube::SliceDevice& slice = device.slice;
     slice.name = DeviceName(fn->bdf);
     slice.attributes[std::string(kPciBusIdAttribute)] = kube::DeviceAttribute::String(fn->bdf);

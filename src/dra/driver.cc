@@ -20,6 +20,7 @@
 #include "health.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 
@@ -38,6 +39,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOn(const std::filesystem::pat
   if (absl::Status free = ClaimSocketPath(socket); !free.ok()) return free;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, kSyncPollerTimeoutMs);
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::UnavailableError(absl::StrCat("cannot serve on ", socket.string()));
@@ -178,7 +180,8 @@ class Driver::Impl {
     const pci::Selection selection = pci::Select(*inventory, options_.policy);
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next =
-        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous);
+        BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name, previous,
+                     options_.bind_on_prepare);
     fabric_.AddAttributes(&next);
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
@@ -239,7 +242,8 @@ class Driver::Impl {
   }
 
   // A claim prepared here whose ResourceClaim the API no longer has (deleted while the agent was down, or an
-  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint. The GPUs stay on vfio-pci.
+  // Unprepare the kubelet never sent) is cleaned up: CDI spec, metadata, checkpoint, and the GPUs as Unprepare
+  // leaves them (on vfio-pci, or with --bind-on-prepare back on their recorded drivers).
   void SweepStaleClaims() {
     if (!options_.get_claim) return;
     std::vector<internal::PreparedClaim> prepared;
@@ -265,7 +269,7 @@ class Driver::Impl {
                      std::string(forgotten.message()));
         continue;
       }
-      spdlog::info("DRA claim {}/{} ({}) {} in the API: its CDI spec, metadata and checkpoint removed",
+      spdlog::info("DRA claim {}/{} ({}) {} in the API: released (CDI spec, metadata, checkpoint, binding policy)",
                    claim.namespace_name, claim.name, claim.uid, why);
     }
   }

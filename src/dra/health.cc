@@ -1,5 +1,7 @@
 #include "health.h"
 
+#include <chrono>
+
 #include "spdlog/spdlog.h"
 
 namespace vfio_agent::dra::internal {
@@ -8,6 +10,8 @@ namespace health = ::v1alpha1;
 
 namespace {
 constexpr size_t kMaxMessage = 1024;  // DeviceHealth.message
+// How often an idle stream looks whether the kubelet went away (the sync API calls nobody on cancellation).
+constexpr std::chrono::seconds kCancelPoll{5};
 }  // namespace
 
 health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& devices, const std::string& pool,
@@ -24,129 +28,58 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
   return message;
 }
 
-// One NodeWatchResources stream. Its state is guarded by the service's mutex; StartWrite and Finish are called
-// outside it. Finish waits for a write in flight (`writing_`), so the reactor cannot be done, and deleted, between
-// a decision to write and the StartWrite that follows it.
-class HealthService::Stream final : public ::grpc::ServerWriteReactor<health::NodeWatchResourcesResponse> {
- public:
-  Stream(HealthService* owner, std::string peer) : owner_(owner), peer_(std::move(peer)) {}
-
-  // Under the owner's mutex: whether the caller must StartWrite(in_flight_) once it released the mutex.
-  bool Offer(Message message) {
-    if (finishing_) return false;
-    if (writing_) {
-      pending_ = std::move(message);
-      return false;
-    }
-    writing_ = true;
-    in_flight_ = std::move(message);
-    return true;
-  }
-  void Write() { StartWrite(in_flight_.get()); }
-
-  // Under the owner's mutex: whether the caller must Finish once it released the mutex.
-  bool Close() {
-    finishing_ = true;
-    return TakeFinish();
-  }
-  void End() { Finish(::grpc::Status::OK); }
-
-  void OnWriteDone(bool ok) override {
-    std::unique_lock lock(owner_->mu_);
-    in_flight_.reset();
-    if (!ok) finishing_ = true;
-    if (!finishing_ && pending_) {
-      in_flight_ = std::move(pending_);
-      lock.unlock();
-      Write();
-      return;
-    }
-    writing_ = false;
-    const bool finish = finishing_ && TakeFinish();
-    lock.unlock();
-    if (finish) End();
-  }
-
-  void OnCancel() override {
-    std::unique_lock lock(owner_->mu_);
-    const bool finish = Close();
-    lock.unlock();
-    if (finish) End();
-  }
-
-  void OnDone() override {
-    {
-      std::lock_guard lock(owner_->mu_);
-      owner_->streams_.erase(this);
-    }
-    spdlog::info("DRA health stream of {} ended", peer_);
-    delete this;
-  }
-
- private:
-  bool TakeFinish() {
-    if (writing_ || finished_) return false;
-    finished_ = true;
-    return true;
-  }
-
-  HealthService* const owner_;
-  const std::string peer_;
-  bool writing_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
-  Message in_flight_;
-  Message pending_;
-};
-
-HealthService::~HealthService() = default;
-
-::grpc::ServerWriteReactor<health::NodeWatchResourcesResponse>* HealthService::NodeWatchResources(
-    ::grpc::CallbackServerContext* context, const health::NodeWatchResourcesRequest*) {
-  auto* stream = new Stream(this, context->peer());
+::grpc::Status HealthService::NodeWatchResources(::grpc::ServerContext* context,
+                                                 const health::NodeWatchResourcesRequest*,
+                                                 ::grpc::ServerWriter<health::NodeWatchResourcesResponse>* writer) {
+  const std::string peer = context->peer();
   std::unique_lock lock(mu_);
-  if (closed_) {
-    (void)stream->Close();  // never written to: a cancellation now must not finish it a second time
-    lock.unlock();
-    stream->Finish(::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "the DRA driver is stopping"));
-    return stream;
-  }
-  streams_.insert(stream);
-  const bool write = latest_ && stream->Offer(latest_);
+  if (closed_) return {::grpc::StatusCode::UNAVAILABLE, "the DRA driver is stopping"};
+  ++open_streams_;
   lock.unlock();
-  spdlog::info("DRA health stream opened by {}", context->peer());
-  if (write) stream->Write();
-  return stream;
+  spdlog::info("DRA health stream opened by {}", peer);
+  lock.lock();
+  Message sent;
+  std::string ended = "the kubelet cancelled it";
+  while (true) {
+    // A cancellation wakes nobody: it is seen within kCancelPoll, or at the next write.
+    changed_.wait_for(lock, kCancelPoll, [&] { return closed_ || latest_ != sent || context->IsCancelled(); });
+    if (closed_) {
+      ended = "the driver stopped";
+      break;
+    }
+    if (context->IsCancelled()) break;
+    if (latest_ == sent) continue;
+    sent = latest_;
+    lock.unlock();
+    const bool written = writer->Write(*sent);
+    lock.lock();
+    if (!written) {
+      ended = "a write failed";
+      break;
+    }
+  }
+  --open_streams_;
+  lock.unlock();
+  spdlog::info("DRA health stream of {} ended: {}", peer, ended);
+  return ::grpc::Status::OK;
 }
 
 void HealthService::Publish(health::NodeWatchResourcesResponse message) {
   auto shared = std::make_shared<const health::NodeWatchResourcesResponse>(std::move(message));
-  std::vector<Stream*> to_write;
-  {
-    std::lock_guard lock(mu_);
-    latest_ = shared;
-    for (Stream* stream : streams_) {
-      if (stream->Offer(shared)) to_write.push_back(stream);
-    }
-  }
-  for (Stream* stream : to_write) stream->Write();
+  std::lock_guard lock(mu_);
+  latest_ = std::move(shared);
+  changed_.notify_all();
 }
 
 void HealthService::CloseAll() {
-  std::vector<Stream*> to_end;
-  {
-    std::lock_guard lock(mu_);
-    closed_ = true;
-    for (Stream* stream : streams_) {
-      if (stream->Close()) to_end.push_back(stream);
-    }
-  }
-  for (Stream* stream : to_end) stream->End();
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  changed_.notify_all();
 }
 
 int HealthService::open_streams() const {
   std::lock_guard lock(mu_);
-  return static_cast<int>(streams_.size());
+  return open_streams_;
 }
 
 }  // namespace vfio_agent::dra::internal

@@ -2,9 +2,9 @@
 // message is the driver's complete device list, and every stream gets a new one when the list changes.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -18,30 +18,30 @@ namespace vfio_agent::dra::internal {
 ::v1alpha1::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& devices, const std::string& pool,
                                                      int64_t now_unix);
 
-class HealthService final : public ::v1alpha1::DRAResourceHealth::CallbackService {
+// The sync API: each open stream holds one of the server's threads, blocked on a condition variable between
+// lists. The callback API would start gRPC's two callback-queue threads, which poll every second (the idle cost
+// tests/bench/README.md measures); a node has one kubelet, so one stream.
+class HealthService final : public ::v1alpha1::DRAResourceHealth::Service {
  public:
   HealthService() = default;
-  // Every stream must be done (CloseAll, then the server's Shutdown).
-  ~HealthService() override;
 
-  ::grpc::ServerWriteReactor<::v1alpha1::NodeWatchResourcesResponse>* NodeWatchResources(
-      ::grpc::CallbackServerContext* context, const ::v1alpha1::NodeWatchResourcesRequest* request) override;
+  ::grpc::Status NodeWatchResources(::grpc::ServerContext* context, const ::v1alpha1::NodeWatchResourcesRequest* request,
+                                    ::grpc::ServerWriter<::v1alpha1::NodeWatchResourcesResponse>* writer) override;
 
-  // The list every open stream gets next (at most one write in flight per stream: a newer list replaces one not
-  // yet sent), and a new stream first.
+  // The list every open stream sends next (a newer list replaces one not yet sent), and a new stream first.
   void Publish(::v1alpha1::NodeWatchResourcesResponse message);
   // Ends every stream with OK and refuses new ones: a server's Shutdown waits for open streams.
   void CloseAll();
   int open_streams() const;
 
  private:
-  class Stream;
   using Message = std::shared_ptr<const ::v1alpha1::NodeWatchResourcesResponse>;
 
   mutable std::mutex mu_;
-  Message latest_;  // null until the first Publish
+  std::condition_variable changed_;  // latest_ or closed_
+  Message latest_;                   // null until the first Publish
   bool closed_ = false;
-  std::set<Stream*> streams_;
+  int open_streams_ = 0;
 };
 
 }  // namespace vfio_agent::dra::internal

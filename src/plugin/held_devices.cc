@@ -8,9 +8,9 @@
 
 namespace vfio_agent::plugin {
 
-absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::filesystem::path& socket,
-                                                                 const std::set<std::string>& resource_names,
-                                                                 std::chrono::milliseconds deadline) {
+absl::StatusOr<std::vector<HeldByContainer>> HeldDevicesByPod(const std::filesystem::path& socket,
+                                                              const std::set<std::string>& resource_names,
+                                                              std::chrono::milliseconds deadline) {
   grpc::ChannelArguments args;
   args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");
   // A private connection, closed with the channel: a shared subchannel would outlive the call.
@@ -25,7 +25,7 @@ absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::fil
     return absl::UnavailableError(
         absl::StrCat("pod-resources List on ", socket.string(), ": ", status.error_message()));
   }
-  std::vector<std::set<std::string>> held;
+  std::vector<HeldByContainer> held;
   for (const auto& pod : response.pod_resources()) {
     for (const auto& container : pod.containers()) {
       std::set<std::string> ids;
@@ -33,10 +33,20 @@ absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::fil
         if (!resource_names.contains(devices.resource_name())) continue;
         ids.insert(devices.device_ids().begin(), devices.device_ids().end());
       }
-      if (!ids.empty()) held.push_back(std::move(ids));
+      if (!ids.empty()) held.push_back({pod.namespace_(), pod.name(), std::move(ids)});
     }
   }
   return held;
+}
+
+absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::filesystem::path& socket,
+                                                                 const std::set<std::string>& resource_names,
+                                                                 std::chrono::milliseconds deadline) {
+  absl::StatusOr<std::vector<HeldByContainer>> held = HeldDevicesByPod(socket, resource_names, deadline);
+  if (!held.ok()) return held.status();
+  std::vector<std::set<std::string>> sets;
+  for (HeldByContainer& container : *held) sets.push_back(std::move(container.ids));
+  return sets;
 }
 
 }  // namespace vfio_agent::plugin

@@ -386,6 +386,79 @@ TEST_F(BinderSimTest, UnbindRestoresEveryFunctionToItsOriginalDriver) {
   EXPECT_THAT(LogAbout("0000:00:01.0"), IsEmpty());
 }
 
+// return_to: each function goes back to the driver the caller recorded, not to what a reprobe would pick: the
+// USB controller, unbound before (say the host had no use for it), stays without a driver although xhci_hcd would
+// take it on a reprobe; the UCSI function goes to the driver named even though it differs from its default.
+TEST_F(BinderSimTest, UnbindReturnsEachFunctionToTheDriverNamed) {
+  StartNode("workstation-gpu-audio-usb.json");
+  ASSERT_TRUE(MustBind(BindOptions()).ok());
+  UnbindOptions options = RestoreOptions();
+  options.return_to = {{"0000:01:00.0", "nvidia"}, {"0000:01:00.1", "snd_hda_intel"}, {"0000:01:00.2", ""},
+                       {"0000:01:00.3", "nvidia-gpu"}};
+  const BindReport report = MustUnbind(options);
+  SCOPED_TRACE(FormatBindReport(report));
+  EXPECT_TRUE(report.ok());
+  ASSERT_EQ(report.devices.size(), 4u);
+  for (const auto& [bdf, driver] : options.return_to) {
+    EXPECT_EQ(Driver(bdf), driver) << bdf;
+    EXPECT_EQ(Device(report, bdf).outcome, Outcome::kRestored) << bdf;
+    EXPECT_EQ(Device(report, bdf).target_driver, driver) << bdf;
+    EXPECT_EQ(Override(bdf), "(null)") << bdf << ": a later reprobe is the host's normal one";
+  }
+  EXPECT_THAT(LogAbout("0000:01:00.2"), Not(Contains(HasSubstr("probe 0000:01:00.2"))));
+  // The override was the named driver while the function moved: nothing else could take it in between.
+  EXPECT_THAT(LogAbout("0000:01:00.1"), Contains("override 0000:01:00.1 snd_hda_intel"));
+  EXPECT_EQ(Driver("0000:00:01.0"), "pcieport");
+}
+
+// A function still on its recorded driver (its unbind never completed) gets only its override cleared.
+TEST_F(BinderSimTest, ReturnToAFunctionAlreadyOnItsDriverClearsTheOverrideOnly) {
+  StartNode("a10x2-nvidia.json");
+  ASSERT_TRUE(sim_->Control("unbind-delay 0000:3b:00.0 -1").ok());
+  BinderOptions bind = BindOptions();
+  bind.only = {"0000:3b:00.0"};
+  bind.write_timeout = absl::Seconds(1);  // hit for certain: the unbind blocks until released
+  const BindReport stuck = MustBind(bind);
+  ASSERT_EQ(Device(stuck, "0000:3b:00.0").outcome, Outcome::kBlocked);
+  ASSERT_EQ(Override("0000:3b:00.0"), "vfio-pci");
+  UnbindOptions options = RestoreOptions();
+  options.return_to = {{"0000:3b:00.0", "nvidia"}};
+  const BindReport report = MustUnbind(options);
+  SCOPED_TRACE(FormatBindReport(report));
+  EXPECT_EQ(Device(report, "0000:3b:00.0").outcome, Outcome::kRestored);
+  EXPECT_EQ(Override("0000:3b:00.0"), "(null)");
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+  EXPECT_THAT(LogAbout("0000:3b:00.0"), Not(Contains("bind 0000:3b:00.0 nvidia")));
+  ASSERT_TRUE(sim_->Control("release 0000:3b:00.0").ok());
+}
+
+// The caller's deadline bounds the whole bind, however long each write may wait: the blocked unbind is abandoned
+// when the deadline comes (the simulator holds it until released), not after write_timeout.
+TEST_F(BinderSimTest, TheCallersDeadlineEndsABlockedWriteBeforeItsOwnTimeout) {
+  StartNode("a10x2-nvidia.json");
+  ASSERT_TRUE(sim_->Control("unbind-delay 0000:3b:00.0 -1").ok());
+  BinderOptions options = BindOptions();  // writes may wait 20 s
+  options.only = {"0000:3b:00.0"};
+  const absl::Time start = absl::Now();
+  options.deadline = start + absl::Seconds(2);
+  const BindReport report = MustBind(options);
+  const absl::Duration took = absl::Now() - start;
+  SCOPED_TRACE(FormatBindReport(report));
+  const DeviceResult& blocked = Device(report, "0000:3b:00.0");
+  EXPECT_EQ(blocked.outcome, Outcome::kBlocked);
+  EXPECT_EQ(blocked.failure, Failure::kWriteDeadline);
+  EXPECT_GE(took, absl::Seconds(2));
+  EXPECT_LT(took, kGenerous);
+  // Past the deadline no write starts at all.
+  const size_t log_size = sim_->Log().size();
+  options.only = {"0000:86:00.0"};
+  const BindReport late = MustBind(options);
+  EXPECT_EQ(Device(late, "0000:86:00.0").outcome, Outcome::kBlocked);
+  EXPECT_THAT(Device(late, "0000:86:00.0").reason, HasSubstr("deadline has passed"));
+  EXPECT_EQ(sim_->Log().size(), log_size);
+  ASSERT_TRUE(sim_->Control("release 0000:3b:00.0").ok());
+}
+
 TEST_F(BinderSimTest, UnbindOneDeviceOrOneGroup) {
   StartNode("a10-t4-mixed.json");  // all four on vfio-pci already
   UnbindOptions one = RestoreOptions();

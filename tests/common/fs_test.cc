@@ -36,6 +36,18 @@ extern "C" struct dirent* readdir(DIR* dir) {
   return entry;
 }
 
+// And its fsync, counted, so the tests can tell a durable write from a boot-scoped one.
+namespace {
+int fsync_calls = 0;
+}  // namespace
+
+extern "C" int fsync(int fd) {
+  using Real = int (*)(int);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "fsync"));
+  ++fsync_calls;
+  return real(fd);
+}
+
 namespace vfio_agent::fs {
 namespace {
 
@@ -106,6 +118,29 @@ TEST_F(FsTest, AListingThatFailsMidwayIsAnErrorNotAnException) {
   EXPECT_FALSE(listed.ok());
   EXPECT_THAT(listed.status().message(), HasSubstr(tmp_.path().string()));
   EXPECT_THAT(listed.status().message(), HasSubstr("not connected"));
+}
+
+TEST_F(FsTest, AnAtomicWriteReplacesTheFileAndFsyncsOnlyWhatMustOutliveTheBoot) {
+  const std::filesystem::path path = tmp_.path() / "claim.json";
+  std::ofstream(path) << "old";
+  const int before = fsync_calls;
+  ASSERT_TRUE(WriteFileAtomically(path, "durable", 0600).ok());
+  EXPECT_EQ(fsync_calls, before + 1);
+  EXPECT_EQ(ReadTrimmed(path).value_or("?"), "durable");
+  EXPECT_EQ(std::filesystem::status(path).permissions(),
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+
+  ASSERT_TRUE(WriteFileAtomically(path, "this boot", 0644, Durability::kThisBoot).ok());
+  EXPECT_EQ(fsync_calls, before + 1);
+  EXPECT_EQ(ReadTrimmed(path).value_or("?"), "this boot");
+  // No temporary file is left beside it.
+  EXPECT_THAT(ListDir(tmp_.path()).value_or(std::vector<std::string>{}), ::testing::ElementsAre("claim.json"));
+}
+
+TEST_F(FsTest, AnAtomicWriteIntoAMissingDirectoryNamesIt) {
+  absl::Status status = WriteFileAtomically(tmp_.path() / "gone" / "claim.json", "x", 0644, Durability::kThisBoot);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr((tmp_.path() / "gone").string()));
 }
 
 }  // namespace

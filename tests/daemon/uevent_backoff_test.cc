@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "passthrough_daemon.h"
 #include "run_harness.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 
@@ -93,15 +94,8 @@ TEST(UeventBackoffTest, UeventForTheDeviceRetriesItAtOnceAndOneForAnotherDoesNot
   ASSERT_TRUE(node->StartKubelet(kubelet).ok());
   ASSERT_TRUE(node->Control(std::string("bind-errno ") + kFaulty + " EIO").ok());
 
-  DaemonOptions options;
-  options.serve = node->options;
-  options.serve.paths.pod_resources_socket = PodResourcesSocket(*node);
-  options.bind.paths = options.serve.paths;
   // Every other GPU's bind must meet its deadlines on a loaded machine: a miss would back it off for the hour.
-  options.bind.write_timeout = absl::Seconds(30);
-  options.bind.devnode_wait = absl::Seconds(30);
-  options.health_port = 0;
-  options.metrics_port = 0;
+  DaemonOptions options = PassthroughDaemonOptions(*node);
   options.first_backoff = std::chrono::hours(1);
   UeventFeed feed;
   ASSERT_TRUE(feed.ok()) << "pipe2: " << std::strerror(errno);

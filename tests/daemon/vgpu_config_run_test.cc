@@ -1,7 +1,8 @@
 // `run --workload vm-vgpu --vgpu-config-file` in process, on the FUSE simulator's mdev node under the kubelet
 // simulator and the fake API server: the node label picks the config, the agent creates its vGPUs and advertises
 // them, writes nvidia.com/vgpu.config.state, keeps a vGPU a VM holds (pending) and finishes the change by itself
-// once the VM lets go.
+// once the VM lets go. The label nvidia.com/gpu.workload.config turning vm-passthrough binds the GPUs, except one
+// whose vGPU a VM holds.
 #include <fstream>
 #include <memory>
 #include <string>
@@ -61,6 +62,11 @@ class VgpuConfigRunTest : public ::testing::Test {
     options.vgpu_config_file = dir_.path() / "vgpu-config.yaml";
     options.vgpu_config = default_config;
     options.vgpu_retry = std::chrono::milliseconds(100);
+    // A flip of the workload label seen at once; binds with deadlines a loaded machine meets.
+    options.workload_label_interval = std::chrono::milliseconds(50);
+    options.mode_retry = std::chrono::milliseconds(100);
+    options.bind.write_timeout = absl::Seconds(30);
+    options.bind.devnode_wait = absl::Seconds(30);
     daemon_ = std::make_unique<Daemon>(options, *std::move(reporter));
     ASSERT_TRUE(daemon_->Start().ok());
   }
@@ -97,6 +103,32 @@ class VgpuConfigRunTest : public ::testing::Test {
 
   bool WaitEvent(const std::string& reason) {
     return sim::KubeApiSim::WaitFor([&] { return !EventOf(reason).is_null(); });
+  }
+
+  // The node's GPUPassthroughReady condition message; "" until written.
+  std::string ConditionMessage() {
+    absl::StatusOr<nlohmann::json> node = api_->Node("node-a");
+    if (!node.ok()) return "";
+    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
+      if (c.value("type", "") == kube::kConditionType) return c.value("message", "");
+    }
+    return "";
+  }
+
+  std::string DriverOf(const std::string& bdf) {
+    std::error_code error;
+    const auto link = std::filesystem::read_symlink(sysfs_->sysfs_root() / "bus/pci/devices" / bdf / "driver", error);
+    return error ? "" : link.filename().string();
+  }
+
+  // The number of one group node of an mdev (the T4's vGPUs are the only numbered group nodes of this node).
+  std::string MdevGroup() {
+    std::string group;
+    for (const auto& entry : std::filesystem::directory_iterator(sysfs_->dev_root() / "vfio")) {
+      const std::string name = entry.path().filename().string();
+      if (name != "vfio" && name != "devices" && name != "33" && name != "77") group = name;
+    }
+    return group;
   }
 
   vfio_agent::testing::TempDir dir_{"va-vgpu-config"};
@@ -147,6 +179,35 @@ TEST_F(VgpuConfigRunTest, AFailureIsTheStateLabelAndAWarningNamingTheDeviceAndTh
   EXPECT_THAT(event.value("note", ""), HasSubstr("Too many users"));
   // What fits is made and advertised all the same.
   EXPECT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-2Q", 8));
+}
+
+// The node turns vm-passthrough (the workload label) while a VM runs on one of the T4's vGPUs: the A10 is bound at
+// once, the T4 stays on nvidia (binding it would take its vGPUs with it) and the condition names the VM's process
+// until it ends; then the T4 is bound by itself.
+TEST_F(VgpuConfigRunTest, AGpuWhoseVgpuAVmHoldsStaysOnNvidiaWhenTheNodeTurnsPassthrough) {
+  const std::string vgpu_labels = std::string("{\"") + kVgpuConfigLabel + "\": \"t4-1q-2\", \"" + kWorkloadLabel + "\": ";
+  ASSERT_TRUE(api_->Control("node node-a " + vgpu_labels + "\"vm-vgpu\"}").ok());
+  StartDaemon("");
+  ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-1Q", 2));
+  const std::string group = MdevGroup();
+  ASSERT_FALSE(group.empty());
+  auto vm = std::make_unique<vfio_agent::testing::HoldingProcess>(sysfs_->dev_root() / "vfio" / group);
+
+  ASSERT_TRUE(api_->Control("relabel node-a " + vgpu_labels + "\"vm-passthrough\"}").ok());
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return DriverOf("0000:86:00.0") == "vfio-pci"; }));
+  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] {
+    return ConditionMessage().find("0000:3b:00.0 stays on nvidia until its VM ends: a vGPU of it is held by pid " +
+                                   std::to_string(vm->pid())) != std::string::npos;
+  })) << ConditionMessage();
+  ASSERT_TRUE(WaitEvent("GPUNotMoved"));
+  EXPECT_THAT(EventOf("GPUNotMoved").value("note", ""), HasSubstr("GPU 0000:3b:00.0 stays on nvidia until its VM ends"));
+  EXPECT_EQ(DriverOf("0000:3b:00.0"), "nvidia");
+  EXPECT_TRUE(std::filesystem::exists(sysfs_->dev_root() / "vfio" / group));  // the VM's vGPU is still there
+
+  vm.reset();  // the VM ends
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return DriverOf("0000:3b:00.0") == "vfio-pci"; }));
+  EXPECT_TRUE(sim::KubeApiSim::WaitFor([&] { return ConditionMessage().find("held by") == std::string::npos; }))
+      << ConditionMessage();
 }
 
 }  // namespace

@@ -32,8 +32,9 @@ import check_manifests as cm  # noqa: E402
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version")
-VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml", "values-dra.yaml")
-NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml", "values-dra.yaml")
+VARIANTS = ("values-passthrough.yaml", "values-hgx.yaml", "values-cozystack.yaml", "values-dra.yaml", "values-vgpu.yaml",
+            "values-label.yaml")
+NODE_ROLES = ("values-passthrough.yaml", "values-hgx.yaml", "values-dra.yaml", "values-vgpu.yaml", "values-label.yaml")
 SCHEMA_MESSAGE = "values don't meet the specifications of the schema"
 
 # kustomize dir -> the helm template arguments scripts/render-manifests.sh renders it with
@@ -43,6 +44,7 @@ TREES = {
     "overlays/cdi": ["-f", "values-passthrough.yaml", "--set", "cdi.enabled=true"],
     "overlays/hgx": ["-f", "values-hgx.yaml"],
     "overlays/dra": ["-f", "values-dra.yaml"],
+    "overlays/vgpu": ["-f", "values-vgpu.yaml"],
 }
 
 
@@ -136,7 +138,10 @@ def cmd_schema(c, args):
     bad = [
         (["--set", "healthPort=abc"], "/healthPort", "want integer"),
         (["--set", "cdi.enabled=yes"], "/cdi/enabled", "want boolean"),
-        (["--set", "workloadMode=vm-vgpu"], "/workloadMode", "value must be"),
+        (["--set", "workloadMode=vm-mig"], "/workloadMode", "value must be"),
+        (["--set", "workloadMode=vm-vgpu", "--set", "nvswitches=true"], "", "'allOf' failed"),
+        (["--set", "workloadMode=label", "--set", "fabricManager.address=unix:/run/fm.sock"], "", "'allOf' failed"),
+        (["--set", "vgpu.configMap=Profiles"], "/vgpu/configMap", "does not match pattern"),
         (["--set", "kubeletApi=grpc"], "/kubeletApi", "value must be"),
         (["--set", "dra.driverName=GPU_Driver"], "/dra/driverName", "does not match pattern"),
         (["--set", "dra.deviceClasses={H200,H200}"], "/dra/deviceClasses", "items at"),
@@ -183,7 +188,8 @@ def cmd_render(c, args):
 
     own = {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False}
     for variant in VARIANTS:
-        spec = dict(own, dra=variant == "values-dra.yaml")
+        spec = dict(own, dra=variant == "values-dra.yaml", vgpu=variant == "values-vgpu.yaml",
+                    label_mode=variant == "values-label.yaml")
         if variant == "values-cozystack.yaml":
             spec.update(namespace="cozy-gpu-operator", owns_namespace=False)
         docs = render(variant, ["-f", variant], spec)
@@ -195,7 +201,8 @@ def cmd_render(c, args):
     for role in NODE_ROLES:
         render(f"cozystack+{role}", ["-f", "values-cozystack.yaml", "-f", role],
                {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False,
-                "dra": role == "values-dra.yaml"})
+                "dra": role == "values-dra.yaml", "vgpu": role == "values-vgpu.yaml",
+                "label_mode": role == "values-label.yaml"})
 
     # A namespace of one's own: every namespaced object, the binding's subject and the policy's CEL follow it.
     docs = render("namespace gpu-system", ["--set", "namespace.name=gpu-system"],
@@ -227,6 +234,18 @@ def cmd_render(c, args):
                          docs, help_info, liveness)
 
     docs = render("cdi", ["--set", "cdi.enabled=true"], {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True})
+
+    # vGPU profiles from a ConfigMap, and the config a node without nvidia.com/vgpu.config gets.
+    docs = render("vgpu profiles", ["-f", "values-vgpu.yaml", "--set", "vgpu.configMap=vgpu-profiles",
+                                    "--set", "vgpu.configKey=profiles.yaml", "--set", "vgpu.defaultConfig=A10-4Q"],
+                  dict(own, vgpu=True))
+    if docs:
+        ctr = container(docs)
+        volumes = [v for d in docs if d["kind"] == "DaemonSet" for v in d["spec"]["template"]["spec"]["volumes"]]
+        c.check({"name": "vgpu-profiles", "items": [{"key": "profiles.yaml", "path": "profiles.yaml"}]}
+                in [v.get("configMap") for v in volumes], f"[vgpu profiles] no volume of ConfigMap vgpu-profiles: {volumes}")
+        c.check("--vgpu-config=A10-4Q" in ctr["args"] and any(a.endswith("/profiles.yaml") for a in ctr["args"]),
+                f"[vgpu profiles] args {ctr['args']}")
 
     # No metrics: the agent is told 0 (off), and the pod has no metrics port.
     docs = render("no metrics", ["--set", "metrics.enabled=false"])

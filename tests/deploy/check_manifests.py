@@ -31,6 +31,7 @@ OVERLAYS = {
     "overlays/cdi": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True},
     "overlays/hgx": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False},
     "overlays/dra": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False, "dra": True},
+    "overlays/vgpu": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False, "vgpu": True},
 }
 
 # (apiGroup, resource, verb): what `run` does through the API, and the KubeVirt CR `validate` lists in the pod
@@ -51,6 +52,9 @@ RBAC_NEEDED_DRA = {
     ("resource.k8s.io", "resourceclaims", "get"),
     ("resource.k8s.io", "deviceclasses", "list"),
 }
+# With --workload vm-vgpu, the profiles' state label nvidia.com/vgpu.config.state on its own Node (the admission
+# policy lets that one label through).
+RBAC_NEEDED_VGPU = {("", "nodes", "patch")}
 # The `run` options a DRA manifest sets (the driver's directories are checked to be on mounts).
 # (apiGroup, resource, verb, resourceName): `validate`'s api layer reads the admission policy and its binding by
 # name, and nothing else of admissionregistration.k8s.io.
@@ -80,6 +84,8 @@ CDI_HOST_PATHS = {"/var/run/cdi": "DirectoryOrCreate"}
 # The kubelet makes both at its start; the CDI directory is the runtime's, made if missing (the claims' specs).
 DRA_HOST_PATHS = {"/var/lib/kubelet/plugins_registry": "Directory", "/var/lib/kubelet/plugins": "Directory",
                   **CDI_HOST_PATHS}
+# vm-vgpu: the state directory (vgpu-catalog.txt), made if missing.
+VGPU_HOST_PATHS = {"/var/lib/vfio-gpu-agent": "DirectoryOrCreate"}
 WRITABLE_ON_TALOS = ("/run/", "/var/")
 
 PSA_LABELS = ("enforce", "audit", "warn")
@@ -203,7 +209,7 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
                         named.update((g, r, v, n) for n in rule["resourceNames"])
                     else:
                         granted.add((g, r, v))
-    needed = RBAC_NEEDED | RBAC_NEEDED_DRA if spec.get("dra") else RBAC_NEEDED
+    needed = RBAC_NEEDED | (RBAC_NEEDED_DRA if spec.get("dra") else set()) | (RBAC_NEEDED_VGPU if serves_vgpu(spec) else set())
     c.check(granted == needed,
             f"{where} ClusterRole grants {sorted(granted - needed)} beyond what run needs and lacks {sorted(needed - granted)}")
     c.check(named == RBAC_NAMED,
@@ -219,8 +225,17 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     # DaemonSet scheduling and lifecycle
     pod = ds["spec"]["template"]["spec"]
     c.check(pod.get("serviceAccountName") == sa["metadata"]["name"], f"{where} pod serviceAccountName {pod.get('serviceAccountName')}")
-    c.check(pod.get("nodeSelector") == {"nvidia.com/gpu.workload.config": "vm-passthrough"},
-            f"{where} nodeSelector {pod.get('nodeSelector')}")
+    if spec.get("label_mode"):
+        # Both label values, so that a node whose label flips keeps its agent.
+        terms = pod.get("affinity", {}).get("nodeAffinity", {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms")
+        c.check(not pod.get("nodeSelector") and terms == [{"matchExpressions": [
+                    {"key": "nvidia.com/gpu.workload.config", "operator": "In", "values": ["vm-passthrough", "vm-vgpu"]}]}],
+                f"{where} label mode: nodeSelector {pod.get('nodeSelector')}, node affinity terms {terms}")
+    else:
+        mode = "vm-vgpu" if spec.get("vgpu") else "vm-passthrough"
+        c.check(pod.get("nodeSelector") == {"nvidia.com/gpu.workload.config": mode},
+                f"{where} nodeSelector {pod.get('nodeSelector')}")
     tolerated = {(t.get("key"), t.get("operator"), t.get("effect")) for t in pod.get("tolerations", [])}
     for effect in ("NoSchedule", "NoExecute"):
         c.check(("nvidia.com/gpu", "Exists", effect) in tolerated, f"{where} no toleration of nvidia.com/gpu:{effect}")
@@ -289,7 +304,9 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
         want_paths.update(CDI_HOST_PATHS)
     if spec.get("dra"):
         want_paths.update(DRA_HOST_PATHS)
-    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    if serves_vgpu(spec):
+        want_paths.update(VGPU_HOST_PATHS)
+    volumes = {v["name"]: v for v in pod.get("volumes", []) if not is_vgpu_config(spec, v)}
     got_paths = {}
     for v in volumes.values():
         hp = v.get("hostPath")
@@ -300,7 +317,8 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
             c.check(hp["path"].startswith(WRITABLE_ON_TALOS),
                     f"{where} hostPath {hp['path']} is {hp['type']}: the kubelet cannot create it on Talos's read-only root")
     c.check(got_paths == want_paths, f"{where} hostPaths {got_paths}, want {want_paths}")
-    mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])}
+    mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])
+              if m["name"] not in {v["name"] for v in pod.get("volumes", []) if is_vgpu_config(spec, v)}}
     for m in mounts.values():
         c.check(m["name"] in volumes, f"{where} mount {m['mountPath']} of a missing volume {m['name']}")
         if m["name"] in volumes:
@@ -326,6 +344,7 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     else:
         c.check(cdi in (None, "false", "off"), f"{where} --cdi set outside the CDI overlay ({cdi})")
     check_dra(c, where, spec, ctr, by_kind, mount_paths, defaults)
+    check_vgpu(c, where, spec, ctr, pod, mount_paths, defaults)
 
     # Termination grace covers deregistration and the longest write in flight
     grace = pod.get("terminationGracePeriodSeconds", 30)
@@ -341,6 +360,42 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
     c.check(bool(res.get("requests", {}).get("cpu")) and bool(req_mem) and bool(lim_mem),
             f"{where} resources {res}: cpu and memory requests and a memory limit expected")
     c.check("cpu" not in res.get("limits", {}), f"{where} CPU limit: throttling would delay Allocate")
+
+
+def serves_vgpu(spec):
+    """workloadMode vm-vgpu, or label (the node label may turn the node vm-vgpu under the running agent)."""
+    return bool(spec.get("vgpu") or spec.get("label_mode"))
+
+
+def is_vgpu_config(spec, volume):
+    """The one volume that is not a hostPath: a vGPU node's profiles ConfigMap."""
+    return serves_vgpu(spec) and "configMap" in volume
+
+
+def check_vgpu(c, where, spec, ctr, pod, mount_paths, defaults):
+    """A vGPU overlay runs `run --workload vm-vgpu` with its state directory on a host mount (a restarted agent
+    still names the vGPUs of full SR-IOV cards), and its profiles config, when given, from a read-only ConfigMap;
+    the others run vm-passthrough."""
+    workload = agent_setting(ctr, "--workload", defaults) or "vm-passthrough"
+    if not serves_vgpu(spec):
+        c.check(workload == "vm-passthrough", f"{where} --workload {workload} outside the vGPU overlay")
+        return
+    want = "vm-passthrough" if spec.get("label_mode") else "vm-vgpu"
+    c.check(workload == want, f"{where} runs --workload {workload}, want {want}")
+    state = agent_setting(ctr, "--state-dir", defaults)
+    c.check(state is not None and under(state, mount_paths), f"{where} --state-dir={state} is on no hostPath mount")
+    config = agent_setting(ctr, "--vgpu-config-file", defaults)
+    if config is not None and not config.startswith("/"):
+        config = None  # the help's "(default: none)"
+    maps = {v["name"]: v["configMap"] for v in pod.get("volumes", []) if "configMap" in v}
+    mounts = {m["name"]: m for m in ctr.get("volumeMounts", []) if m["name"] in maps}
+    if not config:
+        c.check(not maps, f"{where} a ConfigMap volume {sorted(maps)} but no --vgpu-config-file reads it")
+        return
+    found = [m for m in mounts.values() if under(config, [m["mountPath"]])]
+    if c.check(len(found) == 1, f"{where} --vgpu-config-file={config} is on no ConfigMap mount"):
+        c.check(found[0].get("readOnly") is True and "subPath" not in found[0],
+                f"{where} the profiles ConfigMap is mounted writable or with subPath (subPath never sees an update)")
 
 
 def check_dra(c, where, spec, ctr, by_kind, mount_paths, defaults):

@@ -13,39 +13,21 @@
 # tests/fabric/lib/libnvfm.so.1).
 # Exit 1 when an expectation failed: each pod's PCI_RESOURCE_ variable names exactly one FM partition, active in
 # FM while the pod runs, and released within 10 s of the pod's deletion.
-set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-WORK=${WORK:-/tmp/realcluster}
-BUILD=${BUILD:-$ROOT/build/release}
-NODE=gpu-node-1
+source "$(dirname "$0")/realcluster_common.sh"
 RES=nvidia.com/GH100_H200_SXM_141GB
 ENV_NAME=PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB
-: "${KUBECONFIG:?set KUBECONFIG to a kubeconfig of the cluster administrator}"
-K() { kubectl "$@"; }
-TMP=$(mktemp -d)
-failed=0
-expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; fi; }
-wait_for() { for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done; return 1; }
 allocatable_is() { [ "$(K get node $NODE -o jsonpath="{.status.allocatable.nvidia\.com/GH100_H200_SXM_141GB}")" = "$1" ]; }
-sim_ready() { grep -qs READY "$TMP/sim.out"; }
 fm_active() { flock "$FM" awk '$1 == "active" { $1 = ""; sub(/^ /, ""); print }' "$FM"; }
 active_is() { [ "$(fm_active)" = "$1" ]; }
 
 cleanup() {
     K delete pods -l vfio-gpu-agent-test=fabric --grace-period=0 --force >/dev/null 2>&1
-    [ -n "${agent:-}" ] && kill -TERM "$agent" 2>/dev/null && wait "$agent" 2>/dev/null
-    [ -n "${sim:-}" ] && kill -TERM "$sim" 2>/dev/null && wait "$sim" 2>/dev/null
-    rm -rf "$TMP"
+    cleanup_common
 }
 trap cleanup EXIT
 
 echo "== sysfs-sim (hgx-h200-8gpu) in the kubelet's mount namespace, GPUs on vfio-pci; the fake Fabric Manager"
-mkdir -p "$TMP/node" "$TMP/modules"
-nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$BUILD/tests/sim/sysfs_sim/sysfs-sim" \
-    --node "$ROOT/tests/sim/nodes/hgx-h200-8gpu.json" --root "$TMP/node" > "$TMP/sim.out" 2> "$TMP/sim.log" &
-sim=$!
-wait_for sim_ready || { echo "sysfs-sim did not start"; cat "$TMP/sim.log"; exit 1; }
+start_sim hgx-h200-8gpu.json
 # Module ids out of PCI order, as NVIDIA's HGX guide maps them (tests/fabric/fabric_fixture.h).
 FM=$TMP/fm.state
 cat > "$FM" <<EOF
@@ -64,7 +46,7 @@ unsupported
 EOF
 
 echo "== agent: run --fabric-manager unix:$FM"
-nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE \
+in_kubelet_ns "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE \
     --sysfs-root "$TMP/node/sys" --dev-root "$TMP/node/dev" --proc-root "$TMP/node/proc" --modules-root "$TMP/modules" \
     --no-udev --listen-address 127.0.0.1 --health-port 18081 --metrics-port 19400 \
     --fabric-manager "unix:$FM" --fabric-library "$BUILD/tests/fabric/lib/libnvfm.so.1" > "$TMP/agent.log" 2>&1 &

@@ -1,5 +1,5 @@
 #!/bin/bash
-# realcluster_policy.sh [base|cozystack] - the admission policy of issue 24 (daemonset/base/agent/
+# realcluster_policy.sh [base|cozystack|vgpu] - the admission policy of issue 24 (daemonset/base/agent/
 # admission-policy.yaml) against a real kube-apiserver: what a token of the agent's ServiceAccount may write.
 # Not part of CI (the cluster is not there); daemonset/README.md (The admission policy) records a run.
 #
@@ -31,7 +31,8 @@ POLICY=vfio-gpu-agent-own-node
 case $OVERLAY in
     base) NS=vfio-gpu-agent; DIR=$ROOT/daemonset/base ;;
     cozystack) NS=cozy-gpu-operator; DIR=$ROOT/daemonset/overlays/cozystack ;;
-    *) echo "usage: $0 [base|cozystack]" >&2; exit 2 ;;
+    vgpu) NS=vfio-gpu-agent; DIR=$ROOT/daemonset/overlays/vgpu ;;
+    *) echo "usage: $0 [base|cozystack|vgpu]" >&2; exit 2 ;;
 esac
 : "${KUBECONFIG:?set KUBECONFIG to a kubeconfig of the cluster administrator}"
 K() { kubectl "$@"; }
@@ -47,6 +48,7 @@ cleanup() {
     K delete --ignore-not-found node "$NODE_B" >/dev/null 2>&1
     K delete -n default events.events.k8s.io --field-selector reason=PolicyProbe >/dev/null 2>&1
     K delete -n default events.events.k8s.io --field-selector "reportingController=vfio-gpu-agent,regarding.name=$NODE_A" >/dev/null 2>&1
+    K label node "$NODE_A" nvidia.com/vgpu.config.state- policy-probe- >/dev/null 2>&1
     K patch node "$NODE_A" --subresource status --type strategic \
         -p '{"status":{"conditions":[{"type":"GPUPassthroughReady","$patch":"delete"}]}}' >/dev/null 2>&1
     K delete --ignore-not-found --wait=false -k "$DIR" >/dev/null 2>&1
@@ -235,6 +237,26 @@ case_ "ResourceSlice with nodeName $NODE_A" 201 "$BOUND" POST /apis/resource.k8s
 case_ "ResourceSlice with nodeName $NODE_B" 403 "$BOUND" POST /apis/resource.k8s.io/v1/resourceslices "$JSON" "$(slice policy-probe-b "$NODE_B")"
 case_ "ResourceSlice of $NODE_A deleted" 200 "$BOUND" DELETE /apis/resource.k8s.io/v1/resourceslices/policy-probe-a "" ""
 K delete -f "$TMP/test-grants.yaml" >/dev/null
+
+# The Node object itself: a vm-vgpu agent reports its profiles in the label nvidia.com/vgpu.config.state (RBAC
+# grants patch on nodes only in the vgpu overlay: elsewhere every case is a 403 from RBAC).
+N=/api/v1/nodes/$NODE_A
+state_label() { printf '{"metadata":{"labels":{"nvidia.com/vgpu.config.state":"%s"}}}' "$1"; }
+if [ "$OVERLAY" = vgpu ]; then
+    echo "== the vGPU state label (vgpu overlay: patch on nodes granted)"
+    case_ "nvidia.com/vgpu.config.state=pending on $NODE_A" 200 "$BOUND" PATCH "$N" "$MP" "$(state_label pending)"
+    case_ "nvidia.com/vgpu.config.state=success on $NODE_A" 200 "$BOUND" PATCH "$N" "$MP" "$(state_label success)"
+    case_ "the state label on $NODE_B" 403 "$BOUND" PATCH "/api/v1/nodes/$NODE_B" "$MP" "$(state_label success)"
+    case_ "the state label with the unbound token" 403 "$UNBOUND" PATCH "$N" "$MP" "$(state_label failed)"
+else
+    echo "== the vGPU state label ($OVERLAY overlay: no patch on nodes)"
+    case_ "nvidia.com/vgpu.config.state on $NODE_A" 403 "$BOUND" PATCH "$N" "$MP" "$(state_label success)"
+fi
+case_ "another label on $NODE_A" 403 "$BOUND" PATCH "$N" "$MP" '{"metadata":{"labels":{"policy-probe":"x"}}}'
+case_ "the GPU Operator's workload label on $NODE_A" 403 "$BOUND" PATCH "$N" "$MP" '{"metadata":{"labels":{"nvidia.com/gpu.workload.config":"vm-vgpu"}}}'
+case_ "state label + unschedulable on $NODE_A" 403 "$BOUND" PATCH "$N" "$MP" '{"metadata":{"labels":{"nvidia.com/vgpu.config.state":"success"}},"spec":{"unschedulable":true}}'
+case_ "an annotation on $NODE_A" 403 "$BOUND" PATCH "$N" "$MP" '{"metadata":{"annotations":{"policy-probe":"x"}}}'
+case_ "delete $NODE_B" 403 "$BOUND" DELETE "/api/v1/nodes/$NODE_B" "" ""
 
 if [ -n "$AGENT" ]; then
     cat > "$TMP/agent.kubeconfig" <<EOF

@@ -12,85 +12,26 @@
 # Prints what it saw and exit 1 when an expectation failed: capacity 8 after each step, no False condition and no
 # Warning event, one plugin server restart per kubelet restart, Unknown/AgentStopped after SIGTERM, True again
 # after the new start.
-set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-WORK=${WORK:-/tmp/realcluster}
-BUILD=${BUILD:-$ROOT/build/release}
-REALCLUSTER=${REALCLUSTER:-$ROOT/../shared/realcluster}
-NODE=gpu-node-1
-NS=vfio-gpu-agent
+source "$(dirname "$0")/realcluster_common.sh"
 RES=nvidia.com/GH100_H200_SXM_141GB
-: "${KUBECONFIG:?set KUBECONFIG to a kubeconfig of the cluster administrator}"
-K() { kubectl "$@"; }
-TMP=$(mktemp -d)
-failed=0
-# expect WHAT COMMAND...: runs the command; prints ok or FAILED.
-expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; fi; }
-# wait_for COMMAND...: until it succeeds, 30 s at most (the other side is waited for, never slept for).
-wait_for() { for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done; return 1; }
 capacity() { K get node $NODE -o jsonpath="{.status.capacity.nvidia\.com/GH100_H200_SXM_141GB}"; }
 condition() { K get node $NODE -o jsonpath='{range .status.conditions[?(@.type=="GPUPassthroughReady")]}{.status} {.reason}{end}'; }
 capacity_is() { [ "$(capacity)" = "$1" ]; }
 condition_is() { [ "$(condition)" = "$1" ]; }
 restarts_are() { curl -s 127.0.0.1:19400/metrics | grep -qx "vfio_gpu_agent_kubelet_restarts_total $1"; }
-sim_ready() { grep -qs READY "$TMP/sim.out"; }
+trap 'cleanup_common "$ROOT/daemonset/base"' EXIT
 
-cleanup() {
-    [ -n "${agent:-}" ] && kill -TERM "$agent" 2>/dev/null && wait "$agent" 2>/dev/null
-    [ -n "${sim:-}" ] && kill -TERM "$sim" 2>/dev/null && wait "$sim" 2>/dev/null
-    K delete --ignore-not-found -n $NS pod agent-identity --grace-period=0 --force >/dev/null 2>&1
-    K delete -n default events.events.k8s.io --field-selector "reportingController=vfio-gpu-agent,regarding.name=$NODE" >/dev/null 2>&1
-    K patch node $NODE --subresource status --type strategic \
-        -p '{"status":{"conditions":[{"type":"GPUPassthroughReady","$patch":"delete"}]}}' >/dev/null 2>&1
-    K delete --ignore-not-found --wait=false -k "$ROOT/daemonset/base" >/dev/null 2>&1
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-echo "== manifests (daemonset/base: RBAC, admission policy; the DaemonSet selects no node here)"
-K apply -k "$ROOT/daemonset/base" 2>&1 | sed 's/^/   /'
-K -n $NS wait --for=jsonpath='{.metadata.name}'=default serviceaccount/default --timeout=30s >/dev/null 2>&1
-K -n $NS apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: agent-identity}
-spec:
-  nodeName: $NODE
-  serviceAccountName: vfio-gpu-agent
-  hostNetwork: true  # runs before a CNI is ready; only its bound token is used
-  terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: localhost/tools:local, imagePullPolicy: Never, command: [sleep, "3600"]}]
-EOF
-K -n $NS wait --for=condition=Ready pod/agent-identity --timeout=60s >/dev/null
-TOKEN=$(K -n $NS create token vfio-gpu-agent --bound-object-kind Pod --bound-object-name agent-identity --duration 1h)
-SERVER=$(K config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-CA=$(K config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')
-cat > "$TMP/agent.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$CA"}}]
-users: [{name: agent, user: {token: "$TOKEN"}}]
-contexts: [{name: c, context: {cluster: c, user: agent}}]
-current-context: c
-EOF
-
+agent_identity "$ROOT/daemonset/base"
 echo "== sysfs-sim (hgx-h200-8gpu: GPUs on nvidia) in the kubelet's mount namespace"
-mkdir -p "$TMP/node"
-# nsenter execs the program (no --fork), so $! is the simulator's and the agent's own pid.
-nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$BUILD/tests/sim/sysfs_sim/sysfs-sim" --node "$ROOT/tests/sim/nodes/hgx-h200-8gpu.json" --root "$TMP/node" \
-    > "$TMP/sim.out" 2> "$TMP/sim.log" &
-sim=$!
-wait_for sim_ready || { echo "sysfs-sim did not start"; cat "$TMP/sim.log"; exit 1; }
+start_sim hgx-h200-8gpu.json
 
 start_agent() {
-    nsenter -t "$(cat "$WORK/kubelet-dra/containerd.pid")" -m -- "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE --kubeconfig "$TMP/agent.kubeconfig" \
+    in_kubelet_ns "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE --kubeconfig "$TMP/agent.kubeconfig" \
         --sysfs-root "$TMP/node/sys" --dev-root "$TMP/node/dev" --proc-root "$TMP/node/proc" \
         --modules-root "$TMP/modules" --no-udev --listen-address 127.0.0.1 --health-port 18081 \
         --metrics-port 19400 >> "$TMP/agent.log" 2>&1 &
     agent=$!
 }
-mkdir -p "$TMP/modules"
 since=$(date -u +%Y-%m-%dT%H:%M:%S)
 echo "== agent start"
 start_agent
@@ -139,6 +80,6 @@ PY
 fi
 falses=$(grep -c "not ready: " "$TMP/agent.log")
 expect "no 'not ready' (published failure) line in the agent log ($falses)" [ "$falses" = 0 ]
-echo "   agent log: $(wc -l < "$TMP/agent.log") lines; by level: $(grep -oE '^[^ ]+ (info|warning|error|debug) ' "$TMP/agent.log" | cut -d' ' -f2 | sort | uniq -c | tr '\n' ' ')"
+agent_log_summary
 grep -E "^[^ ]+ (warning|error) |restarting server|ListAndWatch stream|Register failed|AgentStopped|signal" "$TMP/agent.log" | cut -c1-200 | sed 's/^/   log: /'
 exit $failed

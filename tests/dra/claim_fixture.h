@@ -28,23 +28,6 @@ inline DriverOptions NodeDirectories(const std::filesystem::path& dir) {
   return options;
 }
 
-// Starts a driver with `options`, and `kubelet` on first use, and waits until the kubelet registered the driver.
-inline ::testing::AssertionResult StartRegistered(const DriverOptions& options, std::unique_ptr<Driver>& driver,
-                                                  std::unique_ptr<kubeletsim::dra::KubeletDraSim>& kubelet) {
-  driver = std::make_unique<Driver>(options);
-  if (absl::Status started = driver->Start(); !started.ok()) return ::testing::AssertionFailure() << started;
-  if (!kubelet) {
-    kubelet = std::make_unique<kubeletsim::dra::KubeletDraSim>(
-        kubeletsim::dra::Options{.registry_dir = options.registry_dir});
-    if (absl::Status started = kubelet->Start(); !started.ok()) return ::testing::AssertionFailure() << started;
-  }
-  if (!kubelet->WaitFor([](const kubeletsim::dra::KubeletDraSim& k) { return !k.Plugins().empty(); },
-                        std::chrono::seconds(30))) {
-    return ::testing::AssertionFailure() << "the kubelet did not register the driver";
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // After the driver stopped: the kubelet has dropped it.
 inline ::testing::AssertionResult Deregistered(const kubeletsim::dra::KubeletDraSim& kubelet) {
   if (kubelet.WaitFor([](const kubeletsim::dra::KubeletDraSim& k) { return k.Plugins().empty(); },

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "claim_fixture.h"
+#include "driver_start.h"
 #include "fabric_fixture.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
@@ -71,7 +72,7 @@ class DraFabricTest : public claimtest::ClaimApiTest {
   }
 
   void StartDriver() {
-    ASSERT_TRUE(claimtest::StartRegistered(Options(), driver_, kubelet_));
+    ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_));
   }
 
   void StopDriver() {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "claim_fixture.h"
+#include "driver_start.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
@@ -108,9 +109,7 @@ class DraPrepareTest : public claimtest::ClaimApiTest {
   }
 
   // Driver and kubelet up, the driver registered.
-  void StartNode() {
-    ASSERT_TRUE(claimtest::StartRegistered(Options(), driver_, kubelet_));
-  }
+  void StartNode() { ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_)); }
 
   void RestartDriver() {
     driver_.reset();

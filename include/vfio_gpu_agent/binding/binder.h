@@ -4,6 +4,7 @@
 // step taken is listed in the device's result.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct BinderOptions {
   std::vector<std::string> only;  // BDFs; their whole groups are bound. Empty = every selected device.
   int parallelism = 0;            // groups processed at once; 0 = one worker per group
   std::string kernel_release;     // for modules.alias and module loading; "" = uname -r
+  // No write starts after it and none waits past it (each waits the earlier of write_timeout and this), nor
+  // does the wait for /dev/vfio/<group>: a caller with its own deadline (a DRA Prepare) gets its answer in time.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct UnbindOptions {
@@ -36,6 +40,13 @@ struct UnbindOptions {
   std::vector<int> groups;        // IOMMU groups (every member on a vfio driver)
   bool force = false;             // unbind even when /dev/vfio/<group> is open
   int parallelism = 0;
+  // Functions to return to a named driver instead of whatever the host reprobes: BDF -> driver, "" = leave it
+  // without a driver. Each is a target like `only`. The override is set to that driver (so nothing else can take
+  // the function in between), the vfio driver unbound, the function bound to it and verified, and the override
+  // cleared again, so a later reprobe is the host's normal one. driver_override is not read with return_to (its
+  // read waits on a device lock a blocked write may hold): these functions are always written.
+  std::map<std::string, std::string> return_to;
+  absl::Time deadline = absl::InfiniteFuture();  // as BinderOptions::deadline
 };
 
 enum class Outcome {
@@ -44,8 +55,8 @@ enum class Outcome {
   kWouldBind,     // dry run
   kBlocked,       // not attempted or abandoned: IOMMU group, foreign device, deadline, earlier failure
   kFailed,        // attempted and the device is not on its target
-  kRestored,      // unbind: off vfio, reprobed
-  kNotBound,      // unbind: was not on a vfio driver; nothing to do
+  kRestored,      // unbind: off vfio, reprobed (or on its return_to driver)
+  kNotBound,      // unbind: was not on a vfio driver (or already on its return_to driver); nothing to do
   kRefused,       // unbind: the group is open by a process (and no --force)
 };
 const char* OutcomeName(Outcome outcome);  // "bound", "already bound", ...
@@ -56,7 +67,7 @@ struct DeviceResult {
   pci::Role role = pci::Role::kGpu;
   std::optional<int> iommu_group;
   std::string driver_before;  // "" = unbound
-  std::string target_driver;  // bind: the vfio driver; unbind: "" (whatever the host reprobes)
+  std::string target_driver;  // bind: the vfio driver; unbind: the return_to driver, else "" (whatever the host reprobes)
   std::string driver_after;
   Outcome outcome = Outcome::kFailed;
   Failure failure = Failure::kNone;  // bind, with kFailed or kBlocked

@@ -42,9 +42,20 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::filesystem::path& di
 
 bool Exists(const std::filesystem::path& path);
 
-// Replaces `path` with `content` (mode `mode`) so that a reader or a crash sees the old file or the new one, never
-// a partial one: a private temporary file in the same directory, fsync, then rename(2). The directory must exist.
-absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode = 0644);
+// How long a file written by WriteFileAtomically must last.
+enum class Durability {
+  kAcrossReboots,  // fsync before the rename: a power loss leaves the old file or the new one
+  // Meant for this boot only (a claim's CDI spec, metadata and checkpoint: a checkpoint of another boot is
+  // discarded, and /var/run is a tmpfs): no fsync, which costs a disk flush per file. A reader still sees the
+  // old file or the new one; after a power loss the file may be empty, which its reader must take as absent.
+  kThisBoot,
+};
+
+// Replaces `path` with `content` (mode `mode`) so that a reader sees the old file or the new one, never a partial
+// one: a private temporary file in the same directory, written (and fsynced for kAcrossReboots), then rename(2).
+// The directory must exist.
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content, unsigned mode = 0644,
+                                 Durability durability = Durability::kAcrossReboots);
 
 // Maps an errno to the closest absl status code, with "<what> <path>: <strerror>" as the message.
 absl::Status ErrnoStatus(int err, std::string_view what, const std::filesystem::path& path);

@@ -1,8 +1,8 @@
 // The engine of `run`, the DaemonSet's process: one reconcile loop owns the node (every selected GPU and its
-// group's companions on their vfio driver, bound with per-device backoff, never unbound), the device plugin
-// serves what is bound, and the node's state is published: gRPC health (liveness, readiness), Prometheus
-// metrics, the validator's status files, and the GPUPassthroughReady node condition and events through the
-// Kubernetes API when there is one.
+// group's companions on their vfio driver, bound with per-device backoff, never unbound; in mode vm-vgpu the
+// vGPUs, GPUs on vfio going back to nvidia), the device plugin serves what is bound (or the vGPUs), and the
+// node's state is published: gRPC health (liveness, readiness), Prometheus metrics, the validator's status
+// files, and the GPUPassthroughReady node condition and events through the Kubernetes API when there is one.
 #pragma once
 
 #include <chrono>
@@ -32,6 +32,13 @@ inline constexpr char kOperatorReason[] = "OperatorStillManagesNode";
 inline constexpr char kVgpuConfigLabel[] = "nvidia.com/vgpu.config";
 inline constexpr char kVgpuConfigStateLabel[] = "nvidia.com/vgpu.config.state";
 
+// The node label that chooses the workload mode, as the GPU Operator names it: "vm-passthrough" or "vm-vgpu". It
+// wins over `serve.workload` (--workload), which is the mode while the node has no such label or there is no API.
+// A change is carried out by the running agent: GPUs no VM holds move to the other mode's driver and the
+// advertised resources change; a GPU a VM holds moves once the VM lets go. Any other value: a Warning event and
+// the mode stays as it is.
+inline constexpr char kWorkloadLabel[] = "nvidia.com/gpu.workload.config";
+
 struct DaemonOptions {
   binding::BinderOptions bind;  // `only` is set by each pass
   plugin::ServeOptions serve;   // `observer` is set by the daemon
@@ -58,6 +65,10 @@ struct DaemonOptions {
   std::string vgpu_config;
   // While a change waits for a VM to free its vGPU, or failed, how soon it is tried again.
   std::chrono::milliseconds vgpu_retry{5000};
+  // With an API: how often kWorkloadLabel is read (a change starts a pass). The one request a node at rest sends.
+  std::chrono::milliseconds workload_label_interval{10000};
+  // While a GPU waits for a VM to free it before moving to the current mode's driver, how soon it is looked at again.
+  std::chrono::milliseconds mode_retry{5000};
   // On Stop, how long the AgentStopped condition may take to reach the API before the plugin deregisters
   // (well inside the pod's termination grace period, 30 s by default).
   std::chrono::milliseconds stop_report_timeout{5000};

@@ -31,11 +31,12 @@ struct GpuDevice {
 // model (pinned, overridden or from pci.ids, as the device plugin registers it); productName is pci.ids' own text
 // (`pci_ids` may be null: then there is none). A device of `previous` that is gone from sysfs
 // stays, unhealthy ("gone from sysfs"), with its last attributes, until it is back: a pod holding it then sees
-// Unhealthy, not Unknown, and the scheduler does not pick it.
+// Unhealthy, not Unknown, and the scheduler does not pick it. With `bind_on_prepare` a GPU on its host driver is
+// healthy when a Prepare could bind it (DriverOptions::bind_on_prepare).
 std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
                                     const pci::Selection& selection, const names::NameResolver& names,
                                     const names::PciIdsDatabase* pci_ids, std::string_view driver,
-                                    const std::vector<GpuDevice>& previous);
+                                    const std::vector<GpuDevice>& previous, bool bind_on_prepare = false);
 
 // "pci0000:00" for a device whose sysfs path is .../devices/pci0000:00/.../<bdf>; "" when it cannot be resolved.
 std::string PcieRoot(const HostPaths& paths, const std::string& bdf);

@@ -72,6 +72,11 @@ struct DriverOptions {
   // registration (a kubelet's start deletes the node's slices around the time it registers us), and after every
   // device change.
   std::chrono::milliseconds slice_resync_interval{30000};
+  // --bind-on-prepare: GPUs stay on their host driver until a claim needs them. Prepare binds the claim's whole
+  // IOMMU groups to vfio-pci (and fails the claim, everything moved returned, when that cannot finish in time);
+  // Unprepare returns each function it moved to the driver recorded before the bind. Off (the default): `run`
+  // binds every GPU at start and they stay on vfio-pci.
+  bool bind_on_prepare = false;
   // HGX shared-NVSwitch mode (`--fabric-manager`, as the device plugin's): off while fabric.address is empty. Each
   // GPU gets its partition<N> attributes, Prepare activates the claim's partition and Unprepare releases it.
   // activation_grace is not used: a claim's checkpoint names its GPUs before Prepare answers.

@@ -18,4 +18,14 @@ absl::StatusOr<std::vector<std::set<std::string>>> HeldDeviceSets(const std::fil
                                                                  const std::set<std::string>& resource_names,
                                                                  std::chrono::milliseconds deadline);
 
+// The same List, with whose they are: per container holding any of `resource_names`, its pod and the ids.
+struct HeldByContainer {
+  std::string pod_namespace;
+  std::string pod_name;
+  std::set<std::string> ids;
+};
+absl::StatusOr<std::vector<HeldByContainer>> HeldDevicesByPod(const std::filesystem::path& socket,
+                                                              const std::set<std::string>& resource_names,
+                                                              std::chrono::milliseconds deadline);
+
 }  // namespace vfio_agent::plugin

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "agent_process.h"
 #include "rss.h"
 #include "grpcpp/client_context.h"
 #include "plugin_harness.h"
@@ -31,6 +32,8 @@ namespace vfio_agent::plugin::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::AgentBinaryOrSkip;
+using bench::LoadAverage1;
 
 // One simulated node for the whole run (starting FUSE per benchmark would dominate); main() destroys it,
 // which stops the agent, the kubelet simulator and sysfs-sim.
@@ -394,22 +397,6 @@ double Median(std::vector<double> values) {
   return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
-double LoadAverage1() {
-  std::ifstream loadavg("/proc/loadavg");
-  double load = -1;
-  loadavg >> load;
-  return load;
-}
-
-const char* AgentBinaryOrSkip(benchmark::State& state) {
-  const char* binary = std::getenv("VA_AGENT_BIN");
-  if (binary == nullptr || !std::filesystem::exists(binary)) {
-    state.SkipWithError("set VA_AGENT_BIN=<build>/src/cli/vfio-gpu-agent");
-    return nullptr;
-  }
-  return binary;
-}
-
 // Launch -> Register, every way of starting interleaved in one run: round after round, each way once per round
 // (in a shuffled order), all against one kubelet simulator; medians in ms at the clock's resolution.
 //   direct             posix_spawn with the host's paths, on the FUSE node (the figure reported before)
@@ -515,43 +502,6 @@ void BM_LaunchToRegister(benchmark::State& state) {
 }
 BENCHMARK(BM_LaunchToRegister)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
-// CPU time (all threads, ns resolution from schedstat) of `pid`.
-double CpuMs(pid_t pid) {
-  double total_ns = 0;
-  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-    std::ifstream schedstat(task.path() / "schedstat");
-    double ns = 0;
-    if (schedstat >> ns) total_ns += ns;
-  }
-  return total_ns / 1e6;
-}
-
-// Per-thread CPU (name -> ms), to say where an idle agent's time goes.
-std::map<std::string, double> CpuMsByThread(pid_t pid) {
-  std::map<std::string, double> out;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream schedstat(task.path() / "schedstat"), comm(task.path() / "comm");
-    double ns = 0;
-    std::string name;
-    std::getline(comm, name);
-    if (schedstat >> ns) out[name + "/" + task.path().filename().string()] = ns / 1e6;
-  }
-  return out;
-}
-
-int ThreadCount(pid_t pid) {
-  std::error_code ec;
-  int n = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return n;
-}
-
 // Idle cost with the production defaults (no --rescan-interval; udev on, which on the simulator hears only the
 // host's own PCI events): the agent's CPU over VA_IDLE_SECONDS (default 20) once registered on the idle 8-GPU
 // node. schedstat counts nanoseconds; utime+stime would count 10 ms ticks. Exited threads of the interval
@@ -590,14 +540,7 @@ void BM_IdleCpu(benchmark::State& state) {
     }
     argv.push_back(nullptr);
     // Never the caller's cluster: `run` would talk to the API server that these point at.
-    std::vector<char*> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view entry = *e;
-      if (!entry.starts_with("VFIO_GPU_AGENT_") && !entry.starts_with("KUBERNETES_") && !entry.starts_with("NODE_NAME=")) {
-        env.push_back(*e);
-      }
-    }
-    env.push_back(nullptr);
+    std::vector<char*> env = bench::AgentEnvironment();
     pid_t pid = 0;
     if (::posix_spawn(&pid, binary, nullptr, nullptr, const_cast<char* const*>(argv.data()), env.data()) != 0) {
       state.SkipWithError("posix_spawn failed");
@@ -612,16 +555,9 @@ void BM_IdleCpu(benchmark::State& state) {
         std::chrono::seconds(10));
     // Past the start: gRPC's and the settle rescan's first moments are not idle.
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const double before = CpuMs(pid);
-    const auto before_by_thread = CpuMsByThread(pid);
-    std::this_thread::sleep_for(std::chrono::seconds(seconds));
-    cpu_ms = CpuMs(pid) - before;
-    for (const auto& [thread, ms] : CpuMsByThread(pid)) {
-      auto it = before_by_thread.find(thread);
-      const double used = ms - (it == before_by_thread.end() ? 0 : it->second);
-      if (used >= 0.05) fprintf(stderr, "idle: thread %s %.2f ms\n", thread.c_str(), used);
-    }
-    threads = ThreadCount(pid);
+    const bench::IdleCpu idle = bench::MeasureIdle(pid, std::chrono::seconds(seconds));
+    cpu_ms = idle.cpu_ms;
+    threads = idle.threads;
     ::kill(pid, SIGTERM);
     int wstatus = 0;
     ::waitpid(pid, &wstatus, 0);

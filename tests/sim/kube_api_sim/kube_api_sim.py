@@ -14,6 +14,7 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   node NAME [LABELS_JSON]         add (or replace) a node
   delete-node NAME                the node disappears (404)
   touch-node NAME                 another writer updated the node: its resourceVersion moves on
+  relabel NAME LABELS_JSON        kubectl label: the node's labels become LABELS_JSON (status and conditions kept)
   get-node NAME                   OK <node json>
   events                          OK <json list of stored Events>
   fail METHOD PREFIX CODE COUNT [RETRY_AFTER]   answer the next COUNT (-1: all) matching requests with CODE
@@ -611,6 +612,9 @@ def control(state, line):
             state.add_node(args[0], labels)
         elif command == "delete-node" and len(args) == 1:
             state.nodes.pop(args[0], None)
+        elif command == "relabel" and len(args) >= 2 and args[0] in state.nodes:
+            state.nodes[args[0]]["metadata"]["labels"] = json.loads(line.split(None, 2)[2])
+            state.nodes[args[0]]["metadata"]["resourceVersion"] = state.next_rv()
         elif command == "touch-node" and len(args) == 1 and args[0] in state.nodes:
             state.nodes[args[0]]["metadata"]["resourceVersion"] = state.next_rv()
         elif command == "get-node" and len(args) == 1 and args[0] in state.nodes:

@@ -20,6 +20,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
 
+{{/*
+"true" when the agent may serve vGPUs: workloadMode vm-vgpu, or label (the node label picks the mode, and can
+turn the node vm-vgpu while the agent runs). Such an agent gets the state directory, the profiles ConfigMap and
+`patch` on nodes for nvidia.com/vgpu.config.state.
+*/}}
+{{- define "vfio-gpu-agent.vgpu" -}}
+{{- if has .Values.workloadMode (list "vm-vgpu" "label") }}true{{ end -}}
+{{- end -}}
+
 {{- define "vfio-gpu-agent.serviceAccountUser" -}}
 system:serviceaccount:{{ include "vfio-gpu-agent.namespace" . }}:vfio-gpu-agent
 {{- end -}}

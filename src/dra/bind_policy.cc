@@ -1,0 +1,111 @@
+#include "bind_policy.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/binding/binder.h"
+#include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
+
+namespace vfio_agent::dra::internal {
+namespace {
+
+std::string DriverText(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
+
+}  // namespace
+
+absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const {
+  binding::BinderOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
+  options.only = bdfs;
+  options.deadline = call_start + kBindBudget;
+  const absl::Time restore_deadline = call_start + kCallBudget;
+  absl::StatusOr<binding::BindReport> report = binding::Bind(options);
+  if (!report.ok()) return report.status();  // nothing was written
+  RecordedDrivers moved;    // on vfio-pci now
+  RecordedDrivers touched;  // written to but not moved (override set, or a write the kernel still holds)
+  std::vector<std::string> failures;
+  for (const binding::DeviceResult& device : report->devices) {
+    if (device.outcome == binding::Outcome::kBound) {
+      moved[device.bdf] = device.driver_before;
+    } else if (device.outcome == binding::Outcome::kFailed || device.outcome == binding::Outcome::kBlocked) {
+      failures.push_back(absl::StrCat(device.bdf, " ", binding::OutcomeName(device.outcome), ": ", device.reason));
+      if (!device.steps.empty()) touched[device.bdf] = device.driver_before;
+    }
+  }
+  if (report->ok()) return moved;
+
+  // Nothing half-bound: what moved goes back first, then what was only touched gets its override cleared.
+  std::string answer = absl::StrCat("binding to vfio-pci did not finish: ", absl::StrJoin(failures, "; "));
+  const absl::Status returned = Return(moved, restore_deadline);
+  const absl::Status cleared = Return(touched, restore_deadline);
+  std::vector<std::string> now;
+  for (const RecordedDrivers* drivers : {&moved, &touched}) {
+    for (const auto& [bdf, before] : *drivers) {
+      absl::StatusOr<std::string> driver = fs::ReadLinkBasename(paths_.PciDevice(bdf) / "driver");
+      now.push_back(absl::StrCat(bdf, " on ", DriverText(driver.ok() ? *driver : ""), " (was ", DriverText(before), ")"));
+    }
+  }
+  if (moved.empty() && touched.empty()) {
+    absl::StrAppend(&answer, "; nothing was written");
+  } else if (returned.ok() && cleared.ok()) {
+    absl::StrAppend(&answer, "; every function written to is back on its driver");
+  } else {
+    for (const absl::Status& status : {returned, cleared}) {
+      if (!status.ok()) absl::StrAppend(&answer, "; ", status.message());
+    }
+  }
+  if (!now.empty()) absl::StrAppend(&answer, ": ", absl::StrJoin(now, ", "));
+  return absl::UnavailableError(answer);
+}
+
+absl::Status BindOnPrepare::Return(const RecordedDrivers& drivers, absl::Time deadline) const {
+  binding::UnbindOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
+  options.deadline = deadline;
+  for (const auto& [bdf, driver] : drivers) {
+    // A function unplugged meanwhile has nowhere to go back to; its return is done.
+    if (fs::Exists(paths_.PciDevice(bdf))) {
+      options.return_to[bdf] = driver;
+    } else {
+      spdlog::info("DRA return {} to {}: gone from sysfs", bdf, DriverText(driver));
+    }
+  }
+  if (options.return_to.empty()) return absl::OkStatus();
+  absl::StatusOr<binding::BindReport> report = binding::Unbind(options);
+  if (!report.ok()) return report.status();
+  std::vector<std::string> left;
+  for (const binding::DeviceResult& device : report->devices) {
+    if (device.outcome != binding::Outcome::kRestored && device.outcome != binding::Outcome::kNotBound) {
+      left.push_back(absl::StrCat(device.bdf, " ", binding::OutcomeName(device.outcome), ": ", device.reason));
+    }
+  }
+  if (left.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("not returned to its driver: ", absl::StrJoin(left, "; ")));
+}
+
+std::optional<int> IommuGroupOf(const HostPaths& paths, const std::string& bdf) {
+  absl::StatusOr<std::string> group = fs::ReadLinkBasename(paths.PciDevice(bdf) / "iommu_group");
+  int id = 0;
+  if (!group.ok() || !absl::SimpleAtoi(*group, &id)) return std::nullopt;
+  return id;
+}
+
+std::string BindOnPrepareUnhealthyReason(const HostPaths& paths, const pci::Function& fn,
+                                         const pci::GroupAssessment* group, bool iommufd) {
+  if (pci::IsVfioDriver(fn.driver)) return pci::VfioUnhealthyReason(paths, fn, group, iommufd);
+  if (!fn.iommu_group) return "no IOMMU group";
+  if (group == nullptr || !group->usable) {
+    std::string reason = absl::StrCat("IOMMU group ", *fn.iommu_group, " cannot be bound to vfio-pci");
+    if (group != nullptr && !group->blockers.empty()) absl::StrAppend(&reason, ": ", group->blockers.front());
+    return reason;
+  }
+  // A host driver's runtime PM may park it in D3cold; a config read would wake it on every rescan.
+  absl::StatusOr<std::string> power = fs::ReadTrimmed(paths.PciDevice(fn.bdf) / "power_state");
+  if (power.ok() && *power == "D3cold") return "";
+  absl::StatusOr<uint16_t> vendor = pci::ReadConfigVendor(paths, fn.bdf);
+  if (!vendor.ok()) return absl::StrCat("config space unreadable: ", vendor.status().message());
+  if (*vendor == 0xffff) return "config space reads 0xffff (device off the bus)";
+  return "";
+}
+
+}  // namespace vfio_agent::dra::internal

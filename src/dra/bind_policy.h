@@ -1,0 +1,59 @@
+// --bind-on-prepare: the claim's IOMMU groups are bound to vfio-pci in Prepare and returned to their recorded
+// drivers in Unprepare, all within deadlines the kubelet's 45 s per call leaves room for.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vfio_gpu_agent/common/host_paths.h"
+#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/selection.h"
+
+namespace vfio_agent::dra::internal {
+
+// Functions a claim moved onto vfio-pci, BDF -> the driver each had before ("" = none): what Unprepare restores.
+// A function that was on a vfio driver already is never in it, so it stays there.
+using RecordedDrivers = std::map<std::string, std::string>;
+
+// The kubelet gives a Prepare or Unprepare call 45 s. A call's binding work (every claim in it) ends by
+// kBindBudget after the call starts, and whatever a failed bind moved is back on its driver by kCallBudget: 15 s
+// are left for the claim GETs (10 s each at most, from the first claim on) and the reply. A write the kernel
+// keeps blocked (nvidia's unbind while a process holds the GPU) waits at most kWriteTimeout, so the holder is
+// named well inside the budget even on a group of four functions.
+inline constexpr absl::Duration kBindBudget = absl::Seconds(22);
+inline constexpr absl::Duration kCallBudget = absl::Seconds(30);
+inline constexpr absl::Duration kWriteTimeout = absl::Seconds(5);
+
+class BindOnPrepare {
+ public:
+  BindOnPrepare(HostPaths paths, pci::SelectionPolicy policy) : paths_(std::move(paths)), policy_(std::move(policy)) {}
+
+  // Binds the whole IOMMU groups of `bdfs` to vfio-pci, no write after kBindBudget from `call_start`. On success
+  // the functions moved and their drivers before. On failure every function the bind touched is returned to its
+  // driver (by kCallBudget from `call_start`) before the answer, which names each failure with its holders
+  // (process and pid) and where each function is now.
+  absl::StatusOr<RecordedDrivers> Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const;
+
+  // Returns each function to its recorded driver. An error (a VM still holds the group, a write the kernel keeps
+  // blocked) names the functions not returned; a retry returns them, the others are no-ops.
+  absl::Status Return(const RecordedDrivers& drivers, absl::Time deadline) const;
+
+ private:
+  HostPaths paths_;
+  pci::SelectionPolicy policy_;
+};
+
+// The IOMMU group of a function (its iommu_group link); nullopt without one, or when the function is gone.
+std::optional<int> IommuGroupOf(const HostPaths& paths, const std::string& bdf);
+
+// Why `fn` cannot be handed to a claim under --bind-on-prepare; "" when it can. On a vfio driver: the vfio rule
+// (pci/vfio_health.h). On its host driver or none: an IOMMU group whose endpoints are all ours to bind (`group`'s
+// usable), and config space answering, as a bind would need.
+std::string BindOnPrepareUnhealthyReason(const HostPaths& paths, const pci::Function& fn,
+                                         const pci::GroupAssessment* group, bool iommufd);
+
+}  // namespace vfio_agent::dra::internal
