@@ -1,10 +1,12 @@
 // `kubevirt-config`: the permittedHostDevices entries KubeVirt needs for this node's GPUs (or for given ids).
 #include <charconv>
 #include <iostream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/fabric/fm_client.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -16,7 +18,7 @@ namespace vfio_agent::cli {
 namespace {
 
 std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
-  return {
+  std::vector<FlagSpec> specs = {
       {"ids", "VID:DID,...", "these device ids instead of the host's selected GPUs (the host is not read)", "", true},
       {"format", "F", "cozystack (platform values, only entries missing from the default table), kubevirt-patch "
                       "(merge patch for a plain KubeVirt CR, every entry) or dra (DeviceClasses, ResourceClaimTemplates "
@@ -27,6 +29,24 @@ std::vector<FlagSpec> KubevirtConfigFlagSpecs() {
       {"state-dir", "DIR", "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of full "
                            "SR-IOV cards (read, never written)", "/var/lib/vfio-gpu-agent"},
   };
+  // --format dra on an HGX shared-NVSwitch node: the multi-GPU templates follow Fabric Manager's partition sizes.
+  for (FlagSpec& spec : FabricFlags()) {
+    if (spec.name != "fabric-fail-mode") specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+// The partition sizes Fabric Manager supports (read-only); none without --fabric-manager.
+absl::StatusOr<std::set<int>> PartitionSizes(const ParsedCommand& cmd) {
+  if (!cmd.flags.Has("fabric-manager")) return std::set<int>{};
+  absl::StatusOr<fabric::FabricOptions> options = FabricOptionsFromFlags(cmd);
+  if (!options.ok()) return options.status();
+  absl::StatusOr<std::unique_ptr<fabric::FmClient>> client = fabric::ConnectNvfm(
+      {.address = options->address, .library = cmd.flags.Get("fabric-library", "libnvfm.so.1")});
+  if (!client.ok()) return client.status();
+  absl::StatusOr<fabric::PartitionTable> table = (*client)->Partitions();
+  if (!table.ok()) return table.status();
+  return table->Sizes();
 }
 
 absl::StatusOr<std::pair<uint16_t, uint16_t>> ParseId(std::string_view text) {
@@ -128,7 +148,8 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
           "default table already has, or as a merge patch for a plain KubeVirt CR. Read-only. Exit 1 when there\n"
           "is no GPU to describe. With --format dra: the DeviceClasses (one per GPU model, with the model's\n"
           "extended-resource name), a ResourceClaimTemplate per model for 1 and for all of its GPUs, and the\n"
-          "VirtualMachine fields that use them. With --workload vm-vgpu: the entries for this node's vGPU types\n"
+          "VirtualMachine fields that use them (with --fabric-manager, a template per Fabric Manager partition size\n"
+          "whose requests are tied to one partition). With --workload vm-vgpu: the entries for this node's vGPU types\n"
           "instead (mediatedDevices for mdev types, pciHostDevices for SR-IOV profiles) as a merge patch, or with\n"
           "--format dra the same DRA objects per vGPU type.",
           KubevirtConfigFlagSpecs(), args, out, &cmd)) {
@@ -156,8 +177,13 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
   names::NameResolver resolver(db.get(), cmd.common.resource_domain, cmd.common.name_overrides);
   bool none = false;
   if (format == "dra") {
+    absl::StatusOr<std::set<int>> partition_sizes = PartitionSizes(cmd);
+    if (!partition_sizes.ok()) {
+      std::cerr << "vfio-gpu-agent kubevirt-config: " << partition_sizes.status().message() << "\n";
+      return kExitError;
+    }
     const auto models = validation::DraModels(*ids, resolver);
-    out << validation::DraConfigYaml(models, driver);
+    out << validation::DraConfigYaml(models, driver, *partition_sizes);
     none = models.empty();
   } else {
     const auto entries = validation::PermittedEntries(*ids, resolver);

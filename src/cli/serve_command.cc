@@ -178,6 +178,10 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   options.rescan_interval = serve->rescan_interval;
   options.workload = serve->workload;
   options.vgpu_catalog_file = serve->vgpu_catalog_file;
+  // --fabric-manager and its flags, parsed and checked as for the device plugin.
+  options.fabric = serve->fabric;
+  options.fabric_library = serve->fabric_library;
+  options.fabric_interval = serve->fabric_interval;
   const std::filesystem::path kubeconfig = cmd.flags.Get("kubeconfig");
   absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
       kube::ConnectResourceClaimReader({.kubeconfig = kubeconfig});

@@ -59,10 +59,12 @@ Json DeviceJson(const PreparedDevice& device) {
 Json CheckpointJson(const PreparedClaim& claim) {
   Json devices = Json::array();
   for (const PreparedDevice& device : claim.devices) devices.push_back(DeviceJson(device));
-  return {{"bootID", claim.boot_id},       {"namespace", claim.namespace_name},
-          {"name", claim.name},            {"uid", claim.uid},
-          {"cdiSpec", claim.cdi_spec},     {"metadataDir", claim.metadata_dir},
-          {"devices", std::move(devices)}, {"driversBeforeBind", claim.drivers_before_bind}};
+  Json json = {{"bootID", claim.boot_id},       {"namespace", claim.namespace_name},
+               {"name", claim.name},            {"uid", claim.uid},
+               {"cdiSpec", claim.cdi_spec},     {"metadataDir", claim.metadata_dir},
+               {"devices", std::move(devices)}, {"driversBeforeBind", claim.drivers_before_bind}};
+  if (!claim.fabric_partitions.empty()) json["fabricPartitions"] = claim.fabric_partitions;
+  return json;
 }
 
 absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file) {
@@ -95,6 +97,11 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
   if (json.contains("driversBeforeBind") && json["driversBeforeBind"].is_object()) {
     for (const auto& [bdf, driver] : json["driversBeforeBind"].items()) {
       if (driver.is_string()) claim.drivers_before_bind[bdf] = driver.get<std::string>();
+    }
+  }
+  if (json.contains("fabricPartitions") && json["fabricPartitions"].is_array()) {
+    for (const Json& id : json["fabricPartitions"]) {
+      if (id.is_number_unsigned()) claim.fabric_partitions.push_back(id.get<uint32_t>());
     }
   }
   return claim;
@@ -147,6 +154,12 @@ std::string MetadataContainerPath(const kube::ResourceClaim& claim, const std::s
   return absl::StrCat(kMetadataContainerDir, "/", scope, "/", request, "/", driver, "-metadata.json");
 }
 
+std::set<std::string> BdfsOf(const PreparedClaim& claim) {
+  std::set<std::string> bdfs;
+  for (const PreparedDevice& device : claim.devices) bdfs.insert(device.bdf);
+  return bdfs;
+}
+
 }  // namespace
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
@@ -161,8 +174,9 @@ drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
   return response;
 }
 
-ClaimPreparer::ClaimPreparer(const DriverOptions& options)
+ClaimPreparer::ClaimPreparer(const DriverOptions& options, FabricClaims* fabric)
     : options_(options),
+      fabric_(fabric),
       names_(options.pci_ids, options.domain, options.overrides),
       plugin_dir_(options.plugins_dir / options.driver_name),
       vgpu_catalog_(options.vgpu_catalog_file) {
@@ -200,6 +214,7 @@ absl::Status ClaimPreparer::Load() {
       continue;
     }
     const std::string uid = claim->uid;
+    if (fabric_ != nullptr) fabric_->Restore(uid, BdfsOf(*claim), claim->fabric_partitions);
     prepared_[uid] = *std::move(claim);
   }
   return absl::OkStatus();
@@ -226,6 +241,7 @@ absl::Status ClaimPreparer::Remove(const PreparedClaim& claim) const {
     if (!path.empty()) std::filesystem::remove_all(path, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("remove ", path.string(), ": ", ec.message()));
   }
+  if (fabric_ != nullptr) fabric_->Release(claim.uid);  // the partition goes once nothing names its GPUs
   return absl::OkStatus();
 }
 
@@ -456,6 +472,14 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
                                 .bdf = *bdf,
                                 .cdi_ids = {absl::StrCat(kind, "=", cdi_name)}});
     by_request[BaseRequest(result->request)].push_back(result);
+  }
+
+  if (fabric_ != nullptr) {
+    absl::StatusOr<std::vector<uint32_t>> partitions = fabric_->Activate(claim->uid, BdfsOf(prepared));
+    if (!partitions.ok()) {
+      return absl::Status(partitions.status().code(), absl::StrCat(ref, ": ", partitions.status().message()));
+    }
+    prepared.fabric_partitions = *std::move(partitions);
   }
 
   if (auto it = claim->annotations.find(kExtendedResourceClaimAnnotation);

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "bind_policy.h"
 #include "cdi/v1/spec.pb.h"
+#include "fabric_claims.h"
 #include "kubelet_services.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/driver.h"
@@ -43,11 +44,14 @@ struct PreparedClaim {
   std::filesystem::path metadata_dir;
   std::vector<PreparedDevice> devices;
   RecordedDrivers drivers_before_bind;  // --bind-on-prepare: what this claim moved to vfio-pci, and from where
+  std::vector<uint32_t> fabric_partitions;  // --fabric-manager: the partitions activated for the claim
 };
 
 class ClaimPreparer final : public ClaimHandler {
  public:
-  explicit ClaimPreparer(const DriverOptions& options);
+  // `fabric` (not owned, may be null): activates a claim's partition in Prepare, releases it when the claim's
+  // files are removed.
+  explicit ClaimPreparer(const DriverOptions& options, FabricClaims* fabric = nullptr);
 
   // Reads the checkpoint directory: claims of this boot are prepared again (a repeat answers them as before,
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
@@ -84,7 +88,7 @@ class ClaimPreparer final : public ClaimHandler {
   void AddExtendedResourceEnv(const std::vector<PreparedDevice>& devices, const pci::Inventory& inventory,
                               const pci::Selection& selection, cdi::v1::ContainerEdits* edits) const;
   std::filesystem::path CheckpointFile(const std::string& uid) const;
-  // Removes the claim's CDI spec, metadata and checkpoint file.
+  // Removes the claim's CDI spec, metadata and checkpoint file, then releases its Fabric Manager partition.
   absl::Status Remove(const PreparedClaim& claim) const;
   absl::Status WriteCheckpoint(const PreparedClaim& claim) const;
   // Unprepare's and the sweep's undoing: the functions the claim bound back on their recorded drivers, then Remove.
@@ -94,6 +98,7 @@ class ClaimPreparer final : public ClaimHandler {
   RecordedDrivers HandOverSharedGroups(const PreparedClaim& claim);
 
   const DriverOptions options_;
+  FabricClaims* const fabric_;
   const names::NameResolver names_;
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
   std::optional<BindOnPrepare> bind_;  // with --bind-on-prepare

@@ -18,6 +18,7 @@
 #include "grpcpp/server_builder.h"
 #include "claims.h"
 #include "device_watch.h"
+#include "fabric_claims.h"
 #include "health.h"
 #include "kubelet_services.h"
 #include "spdlog/spdlog.h"
@@ -86,7 +87,8 @@ class Driver::Impl {
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
-        claims_(options_),
+        fabric_(options_),
+        claims_(options_, &fabric_),
         vgpu_catalog_(options_.vgpu_catalog_file),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
@@ -103,6 +105,10 @@ class Driver::Impl {
       }
     }
     if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
+    fabric_.Start([this] {
+      fabric_changed_ = true;
+      watch_.Wake();
+    });
     Rescan();  // the health stream's first message is the real list, never an empty one
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
     if (!dra.ok()) return dra.status();
@@ -122,6 +128,7 @@ class Driver::Impl {
   }
 
   void Stop() {
+    fabric_.Stop();
     if (loop_.joinable()) {
       {
         std::lock_guard lock(sweep_mu_);
@@ -192,6 +199,7 @@ class Driver::Impl {
       const pci::Selection selection = pci::Select(*inventory, options_.policy);
       next = BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name,
                           previous, options_.bind_on_prepare);
+      fabric_.AddAttributes(&next);
     }
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
@@ -334,7 +342,7 @@ class Driver::Impl {
       const internal::DeviceWatch::Woken woken = watch_.Wait(wake);
       if (stopping_) break;
       const Clock::time_point now = Clock::now();
-      bool rescan = false;
+      bool rescan = fabric_changed_.exchange(false);  // FM's partitions, and so the attributes, may have changed
       if (woken.devices) {
         rescan = true;
         settle = now + kSettleRescan;
@@ -364,6 +372,7 @@ class Driver::Impl {
   const DriverOptions options_;
   const names::NameResolver names_;
   internal::RegistrationService registration_;
+  internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
   vgpu::CatalogStore vgpu_catalog_;        // vm-vgpu: the rescans' (the loop thread's)
   std::set<std::string> vgpu_problems_;   // vm-vgpu: the last rescan's, logged once each
@@ -387,6 +396,7 @@ class Driver::Impl {
   Clock::time_point next_slices_{};
   Clock::time_point slice_burst_until_{};
   std::atomic<bool> registered_{false};
+  std::atomic<bool> fabric_changed_{false};
   std::atomic<bool> stopping_{false};
   std::thread loop_;
   std::mutex sweep_mu_;

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -56,7 +57,9 @@ std::string DeviceClassYaml(const DraModel& model, const std::string& driver) {
   return absl::StrCat(out.c_str(), "\n");
 }
 
-std::string ClaimTemplateYaml(const DraModel& model, int count, const std::string& driver) {
+// With Fabric Manager partitions (`partition`), the N requests are tied by matchAttribute on partition<N>, whose
+// value only the N GPUs of one partition share: the scheduler then picks a whole partition, which Prepare activates.
+std::string ClaimTemplateYaml(const DraModel& model, int count, const std::string& driver, bool partition) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "apiVersion" << YAML::Value << kApiVersion;
@@ -76,8 +79,30 @@ std::string ClaimTemplateYaml(const DraModel& model, int count, const std::strin
     out << YAML::Key << "count" << YAML::Value << 1;
     out << YAML::EndMap << YAML::EndMap;
   }
-  out << YAML::EndSeq << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap;
+  out << YAML::EndSeq;
+  if (partition && count > 1) {
+    out << YAML::Key << "constraints" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
+    out << YAML::Key << "requests" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (int i = 0; i < count; ++i) out << RequestName(i, count);
+    out << YAML::EndSeq;
+    out << YAML::Key << "matchAttribute" << YAML::Value << absl::StrCat(driver, "/", dra::PartitionAttribute(count));
+    out << YAML::EndMap << YAML::EndSeq;
+  }
+  out << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap;
   return absl::StrCat(out.c_str(), "\n");
+}
+
+// The sizes of the multi-GPU templates: all of the model's GPUs, or with partitions each size up to that.
+std::vector<int> MultiGpuCounts(const DraModel& model, const std::set<int>& partition_sizes) {
+  std::vector<int> counts;
+  if (partition_sizes.empty()) {
+    if (model.gpus > 1) counts.push_back(model.gpus);
+    return counts;
+  }
+  for (int size : partition_sizes) {
+    if (size > 1 && size <= model.gpus) counts.push_back(size);
+  }
+  return counts;
 }
 
 // spec.template.spec of a VirtualMachine: the claim from the template, one gpus[] entry per request.
@@ -173,12 +198,16 @@ std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::st
   return absl::StrJoin(docs, "---\n");
 }
 
-std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver) {
+std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver,
+                          const std::set<int>& partition_sizes) {
+  const bool partitions = !partition_sizes.empty();
   std::vector<std::string> docs;
   for (const DraModel& model : models) {
     docs.push_back(DeviceClassYaml(model, driver));
-    docs.push_back(ClaimTemplateYaml(model, 1, driver));
-    if (model.gpus > 1) docs.push_back(ClaimTemplateYaml(model, model.gpus, driver));
+    docs.push_back(ClaimTemplateYaml(model, 1, driver, partitions));
+    for (int count : MultiGpuCounts(model, partition_sizes)) {
+      docs.push_back(ClaimTemplateYaml(model, count, driver, partitions));
+    }
   }
   std::string text = absl::StrCat(
       "# DRA objects for this node's GPUs, driver ", driver, ".\n"
@@ -188,15 +217,20 @@ std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string
       "# through the class's extendedResourceName (Kubernetes >= 1.36, DRAExtendedResource); KubeVirt still wants\n"
       "# that name's permittedHostDevices entry (kubevirt-config --format cozystack or kubevirt-patch; for vGPU types\n"
       "# kubevirt-config --workload vm-vgpu).\n");
+  if (partitions) {
+    absl::StrAppend(&text, "# Fabric Manager partitions of ", absl::StrJoin(partition_sizes, ", "),
+                    " GPUs: a claim of N GPUs is one partition,\n# its N requests tied by matchAttribute ", driver, "/",
+                    std::string(dra::kPartitionAttributePrefix), "<N> (any other set is refused at Prepare).\n");
+  }
   absl::StrAppend(&text, docs.empty() ? "" : "---\n", absl::StrJoin(docs, "---\n"));
   for (const DraModel& model : models) {
     absl::StrAppend(&text, Commented(absl::StrCat("VirtualMachine with one ", NamePart(model.resource_name),
                                                   " through a claim:"),
                                      VmClaimSnippet(model, 1)));
-    if (model.gpus > 1) {
-      absl::StrAppend(&text, Commented(absl::StrCat("VirtualMachine with ", model.gpus, " ",
-                                                    NamePart(model.resource_name), " in one claim:"),
-                                       VmClaimSnippet(model, model.gpus)));
+    for (int count : MultiGpuCounts(model, partition_sizes)) {
+      absl::StrAppend(&text, Commented(absl::StrCat("VirtualMachine with ", count, " ", NamePart(model.resource_name),
+                                                    partitions ? " in one claim (one partition):" : " in one claim:"),
+                                       VmClaimSnippet(model, count)));
     }
     absl::StrAppend(&text, Commented(absl::StrCat("VirtualMachine with one ", NamePart(model.resource_name),
                                                   " as on a device-plugin node (unchanged spec):"),

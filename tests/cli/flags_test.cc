@@ -206,20 +206,28 @@ TEST(CommonOptionsTest, EveryCommandExitsTwoOnAnUnreadableNamedPciIds) {
   }
 }
 
+// `serve`'s flags (the DRA ones included) parsed as the command parses them.
+absl::StatusOr<ParsedCommand> ParseServe(const std::vector<std::string>& args) {
+  std::vector<FlagSpec> specs = CommonFlagSpecs();
+  for (FlagSpec& spec : ServeFlags()) specs.push_back(std::move(spec));
+  for (FlagSpec& spec : DraFlags()) specs.push_back(std::move(spec));
+  ParsedCommand cmd;
+  bool help = false;
+  FakeEnv env;
+  if (absl::Status parsed = ParseFlags(args, specs, &cmd.flags, &help, env.fn()); !parsed.ok()) return parsed;
+  absl::StatusOr<CommonOptions> common = CommonOptionsFromFlags(cmd.flags);
+  if (!common.ok()) return common.status();
+  cmd.common = *std::move(common);
+  return cmd;
+}
+
 // --workload: vm-passthrough by default, vm-vgpu carried into serve's options with the catalog under
 // --state-dir, anything else a usage error; vm-vgpu has no Fabric Manager mode.
 TEST(ServeOptionsTest, WorkloadModeAndStateDir) {
   auto serve_options = [](const std::vector<std::string>& args) -> absl::StatusOr<plugin::ServeOptions> {
-    std::vector<FlagSpec> specs = CommonFlagSpecs();
-    for (FlagSpec& spec : ServeFlags()) specs.push_back(std::move(spec));
-    ParsedCommand cmd;
-    bool help = false;
-    FakeEnv env;
-    if (absl::Status parsed = ParseFlags(args, specs, &cmd.flags, &help, env.fn()); !parsed.ok()) return parsed;
-    absl::StatusOr<CommonOptions> common = CommonOptionsFromFlags(cmd.flags);
-    if (!common.ok()) return common.status();
-    cmd.common = *std::move(common);
-    return ServeOptionsFromFlags(cmd, nullptr);
+    absl::StatusOr<ParsedCommand> cmd = ParseServe(args);
+    if (!cmd.ok()) return cmd.status();
+    return ServeOptionsFromFlags(*cmd, nullptr);
   };
   absl::StatusOr<plugin::ServeOptions> passthrough = serve_options({});
   ASSERT_TRUE(passthrough.ok()) << passthrough.status();
@@ -235,6 +243,26 @@ TEST(ServeOptionsTest, WorkloadModeAndStateDir) {
   absl::StatusOr<plugin::ServeOptions> fabric =
       serve_options({"--workload=vm-vgpu", "--fabric-manager=unix:/run/nvidia-fabricmanager/socket"});
   EXPECT_EQ(fabric.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The DRA driver's HGX mode takes the device plugin's fabric flags, checked by the same parser.
+TEST(ServeOptionsTest, TheDraDriverTakesTheFabricFlags) {
+  absl::StatusOr<ParsedCommand> cmd =
+      ParseServe({"--kubelet-api=dra", "--fabric-manager=unix:/run/nvidia-fabricmanager/socket",
+                  "--fabric-fail-mode=open", "--fabric-library=/opt/libnvfm.so.1", "--fabric-interval=200"});
+  ASSERT_TRUE(cmd.ok()) << cmd.status();
+  absl::StatusOr<dra::DriverOptions> options = DraOptionsFromFlags(*cmd, nullptr);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->fabric.address, "unix:/run/nvidia-fabricmanager/socket");
+  EXPECT_TRUE(options->fabric.fail_open);
+  EXPECT_EQ(options->fabric_library, "/opt/libnvfm.so.1");
+  EXPECT_EQ(options->fabric_interval, std::chrono::milliseconds(200));
+  absl::StatusOr<ParsedCommand> off = ParseServe({"--kubelet-api=dra"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(DraOptionsFromFlags(*off, nullptr)->fabric.address, "");
+  absl::StatusOr<ParsedCommand> bad = ParseServe({"--kubelet-api=dra", "--fabric-manager=unix:/x", "--nvswitches"});
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(DraOptionsFromFlags(*bad, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

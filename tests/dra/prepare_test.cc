@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "claim_fixture.h"
 #include "driver_start.h"
 #include "kube/api_sim_fixture.h"
 #include "kube_api_sim.h"
@@ -51,16 +52,11 @@ struct Allocation {
   std::string driver = kDriver;
 };
 
-class DraPrepareTest : public kube::testing::KubeApiSimTest {
+class DraPrepareTest : public claimtest::ClaimApiTest {
  protected:
   void SetUp() override {
-    KubeApiSimTest::SetUp();
+    ClaimApiTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    auto kubeconfig = api_->WriteKubeconfig(dir_.path() / "kubeconfig");
-    ASSERT_TRUE(kubeconfig.ok()) << kubeconfig.status();
-    auto reader = kube::ConnectResourceClaimReader({.kubeconfig = *kubeconfig});
-    ASSERT_TRUE(reader.ok()) << reader.status();
-    reader_ = *std::move(reader);
 
     testing::SysfsTree tree(dir_.path() / "sys");
     std::filesystem::create_directories(dir_.path() / "dev/vfio");
@@ -85,14 +81,8 @@ class DraPrepareTest : public kube::testing::KubeApiSimTest {
   void SetBootId(const std::string& id) { std::ofstream(dir_.path() / "proc/sys/kernel/random/boot_id") << id << "\n"; }
 
   DriverOptions Options() {
-    DriverOptions options;
-    options.registry_dir = dir_.path() / "plugins_registry";
-    options.plugins_dir = dir_.path() / "plugins";
-    options.cdi_dir = dir_.path() / "cdi";
-    options.paths.sysfs_root = dir_.path() / "sys";
-    options.paths.dev_root = dir_.path() / "dev";
-    options.paths.proc_root = dir_.path() / "proc";
-    options.get_claim = [this](const std::string& ns, const std::string& name) { return reader_->Get(ns, name, 20s); };
+    DriverOptions options = claimtest::NodeDirectories(dir_.path());
+    options.get_claim = GetClaim();
     return options;
   }
 
@@ -101,7 +91,7 @@ class DraPrepareTest : public kube::testing::KubeApiSimTest {
 
   void RestartDriver() {
     driver_.reset();
-    ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Plugins().empty(); }, 30s));
+    ASSERT_TRUE(claimtest::Deregistered(*kubelet_));
     StartNode();
   }
 
@@ -112,10 +102,7 @@ class DraPrepareTest : public kube::testing::KubeApiSimTest {
     for (const Allocation& a : allocations) {
       results.push_back({{"request", a.request}, {"driver", a.driver}, {"pool", kPool}, {"device", DeviceName(a.bdf)}});
     }
-    Json claim = {{"metadata", {{"namespace", "vms"}, {"name", name}, {"uid", uid}, {"annotations", annotations}}},
-                  {"spec", {{"devices", {{"requests", Json::array()}}}}},
-                  {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
-    ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
+    ASSERT_TRUE(api_->Control("claim " + claimtest::AllocatedClaim("vms", name, uid, results, annotations).dump()).ok());
   }
 
   absl::StatusOr<drav1::NodePrepareResourcesResponse> Prepare(const std::string& name, const std::string& uid) {
@@ -184,7 +171,6 @@ class DraPrepareTest : public kube::testing::KubeApiSimTest {
     EXPECT_EQ(checkpoint["devices"].size(), allocations.size());
   }
 
-  std::unique_ptr<kube::ResourceClaimReader> reader_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KubeletDraSim> kubelet_;
 };

@@ -101,6 +101,7 @@ __attribute__((visibility("default"))) nvfm::Return fmGetSupportedFabricPartitio
   if (list == nullptr) return nvfm::kBadParam;
   if (list->version != nvfm::kPartitionListVersion) return nvfm::kVersionMismatch;
   return WithState(handle, [&](FakeFmState& state) {
+    Count(state, "get_supported");
     const auto partitions = vfio_agent::testing::FakeHgxPartitions();
     list->numPartitions = static_cast<unsigned int>(partitions.size());
     list->maxNumPartitions = nvfm::kMaxFabricPartitions;

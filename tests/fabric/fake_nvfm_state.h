@@ -8,7 +8,7 @@
 //   active <id>...      active partitions
 //   unsupported <id>... partitions fmGetUnsupportedFabricPartitions lists
 //   fail <id> <code>    every activation of partition <id> returns <code>
-//   count <call> <n>    calls made (activate, deactivate, set_activated, connect)
+//   count <call> <n>    calls made (activate, deactivate, set_activated, connect, get_supported)
 //   told <id>...        the last fmSetActivatedFabricPartitions list
 #pragma once
 

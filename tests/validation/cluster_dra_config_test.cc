@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "fabric_fixture.h"
 #include "support/sysfs_tree.h"
 #include "vfio_gpu_agent/cli/commands.h"
 #include "vfio_gpu_agent/validation/dra_config.h"
@@ -196,6 +197,46 @@ TEST(DraConfigCommandTest, VmSnippetsUseWhatTheOutputCreates) {
   EXPECT_EQ(claim_snippets, 3);
   EXPECT_EQ(gpu_counts, (std::set<int>{1, 8}));
   EXPECT_EQ(device_name_snippets, 2);
+}
+
+// HGX shared NVSwitch: with --fabric-manager the multi-GPU templates are one per partition size Fabric Manager
+// supports, each tying its requests to one partition; a VM snippet uses each.
+TEST(DraConfigCommandTest, WithFabricManagerEachPartitionSizeGetsATemplateTiedByMatchAttribute) {
+  vfio_agent::testing::TempDir dir;
+  vfio_agent::testing::SysfsTree tree(dir.path() / "sys");
+  DraHost(tree);
+  const std::filesystem::path fm = vfio_agent::testing::MakeFakeFm(dir.path() / "fm");
+  auto [code, text] = RunDraCommand({"--sysfs-root", tree.root().string(), "--fabric-manager", "unix:" + fm.string(),
+                                     "--fabric-library", FAKE_NVFM_LIBRARY});
+  ASSERT_EQ(code, cli::kExitOk) << text;
+  const DraOutput out = ParseDraOutput(text);
+  std::set<std::string> template_names;
+  for (const auto& [name, doc] : out.templates) template_names.insert(name);
+  EXPECT_EQ(template_names, (std::set<std::string>{"ga102gl-a10", "gh100-h200-sxm-141gb", "gh100-h200-sxm-141gb-x2",
+                                                   "gh100-h200-sxm-141gb-x4", "gh100-h200-sxm-141gb-x8"}));
+  for (int size : {2, 4, 8}) {
+    const YAML::Node devices =
+        out.templates.at(absl::StrFormat("gh100-h200-sxm-141gb-x%d", size))["spec"]["spec"]["devices"];
+    std::vector<std::string> requests;
+    for (const YAML::Node& request : devices["requests"]) requests.push_back(request["name"].as<std::string>());
+    ASSERT_EQ(requests.size(), static_cast<size_t>(size));
+    ASSERT_EQ(devices["constraints"].size(), 1u) << size;
+    EXPECT_EQ(devices["constraints"][0]["matchAttribute"].as<std::string>(),
+              absl::StrFormat("%s/partition%d", kDefaultDriver, size));
+    EXPECT_EQ(devices["constraints"][0]["requests"].as<std::vector<std::string>>(), requests);
+  }
+  EXPECT_FALSE(out.templates.at("gh100-h200-sxm-141gb")["spec"]["spec"]["devices"]["constraints"]);
+  int claim_snippets = 0;
+  for (const YAML::Node& snippet : out.vm_snippets) {
+    if (snippet["spec"]["template"]["spec"]["resourceClaims"]) ++claim_snippets;
+  }
+  EXPECT_EQ(claim_snippets, 5);  // H200: 1, 2, 4, 8; A10: 1
+
+  // An FM that does not answer is an error, not a node without partitions.
+  EXPECT_EQ(RunDraCommand({"--sysfs-root", tree.root().string(), "--fabric-manager",
+                           "unix:" + (dir.path() / "no-fm").string(), "--fabric-library", FAKE_NVFM_LIBRARY})
+                .first,
+            cli::kExitError);
 }
 
 TEST(DraConfigCommandTest, DriverNameDomainAndOverridesCarryThrough) {

@@ -3,6 +3,7 @@
 // `validate`'s DRA layer): one definition, so a selector can never name an attribute the driver does not write.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace vfio_agent::dra {
@@ -23,5 +24,10 @@ inline constexpr std::string_view kIommuGroupAttribute = "iommuGroup";      // i
 inline constexpr std::string_view kMdevUuidAttribute = "mdevUUID";
 inline constexpr std::string_view kVgpuTypeAttribute = "vgpuType";             // "GRID T4-1Q", the type's own name
 inline constexpr std::string_view kParentPciBusIdAttribute = "parentPciBusID";  // the GPU (or VF) an mdev lives on
+// With --fabric-manager (HGX shared-NVSwitch mode): "partition<N>" (int, Fabric Manager's partition id) for each
+// partition size N that holds the GPU, the names NVIDIA's driver uses. A claim of N single-device requests tied by
+// `constraints: [{matchAttribute: <driver>/partition<N>}]` gets the N GPUs of one partition, which Prepare activates.
+inline constexpr std::string_view kPartitionAttributePrefix = "partition";
+inline std::string PartitionAttribute(int size) { return std::string(kPartitionAttributePrefix) + std::to_string(size); }
 
 }  // namespace vfio_agent::dra

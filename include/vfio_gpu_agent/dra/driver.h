@@ -18,6 +18,7 @@
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/dra/devices.h"
+#include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/names/resource_names.h"
@@ -81,6 +82,13 @@ struct DriverOptions {
   // Unprepare returns each function it moved to the driver recorded before the bind. Off (the default): `run`
   // binds every GPU at start and they stay on vfio-pci.
   bool bind_on_prepare = false;
+  // HGX shared-NVSwitch mode (`--fabric-manager`, as the device plugin's): off while fabric.address is empty. Each
+  // GPU gets its partition<N> attributes, Prepare activates the claim's partition and Unprepare releases it.
+  // activation_grace is not used: a claim's checkpoint names its GPUs before Prepare answers.
+  fabric::FabricOptions fabric;
+  std::filesystem::path fabric_library = "libnvfm.so.1";
+  // How often Fabric Manager is read (its restarts followed, the attributes republished when its partitions change).
+  std::chrono::milliseconds fabric_interval{5000};
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -43,7 +44,10 @@ std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::st
 
 // The DeviceClasses, the ResourceClaimTemplates, and the VirtualMachine snippets both ways (claims, and the
 // unchanged deviceName through the class's extendedResourceName) as YAML comments after the last document, so
-// the whole output can be given to `kubectl apply -n <VM namespace> -f -`.
-std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver);
+// the whole output can be given to `kubectl apply -n <VM namespace> -f -`. With Fabric Manager's
+// `partition_sizes` (HGX shared NVSwitch), the multi-GPU templates are one per partition size, their requests tied
+// by `constraints: [{requests: [...], matchAttribute: <driver>/partition<N>}]`.
+std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver,
+                          const std::set<int>& partition_sizes = {});
 
 }  // namespace vfio_agent::validation

@@ -1,0 +1,280 @@
+// HGX shared-NVSwitch mode of the DRA driver (--fabric-manager): the simulated 8x H200 board behind the fake
+// libnvfm of tests/fabric (module ids out of PCI order, its 15 partitions), claims read from the fake API server,
+// Prepare/Unprepare called by kubelet-dra-sim. What Fabric Manager holds is read from the fake's state file.
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "claim_fixture.h"
+#include "driver_start.h"
+#include "fabric_fixture.h"
+#include "kube/api_sim_fixture.h"
+#include "kube_api_sim.h"
+#include "kubelet_dra_sim.h"
+#include "nlohmann/json.hpp"
+#include "support/sysfs_tree.h"
+#include "support/wait.h"
+#include "vfio_gpu_agent/dra/device_names.h"
+#include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/kube/resource_slices.h"
+
+namespace vfio_agent::dra {
+namespace {
+
+using Json = nlohmann::json;
+using kubeletsim::dra::KubeletDraSim;
+using kubeletsim::dra::MakeClaim;
+using vfio_agent::testing::FakeFmState;
+using vfio_agent::testing::Module;
+using namespace std::chrono_literals;
+
+constexpr char kDriver[] = "gpu.vfio-agent.cozystack.io";
+constexpr char kNode[] = "node-a";  // the node kube-api-sim serves
+
+class DraFabricTest : public claimtest::ClaimApiTest {
+ protected:
+  void SetUp() override {
+    ClaimApiTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto publisher = kube::ConnectResourceSlicePublisher(kubeconfig_, "", {.driver = kDriver, .node_name = kNode});
+    ASSERT_TRUE(publisher.ok()) << publisher.status();
+    publisher_ = *std::move(publisher);
+
+    // The board's eight H200s on vfio-pci, each alone in its IOMMU group.
+    testing::SysfsTree tree(dir_.path() / "sys");
+    std::filesystem::create_directories(dir_.path() / "dev/vfio");
+    for (size_t i = 0; i < testing::HgxGpus().size(); ++i) {
+      const int group = 40 + static_cast<int>(i);
+      tree.AddDevice({.bdf = testing::HgxGpus()[i], .driver = "vfio-pci", .iommu_group = group});
+      std::ofstream(dir_.path() / "dev/vfio" / std::to_string(group));
+    }
+    std::filesystem::create_directories(dir_.path() / "proc/sys/kernel/random");
+    std::ofstream(dir_.path() / "proc/sys/kernel/random/boot_id") << "boot-1\n";
+    fm_ = testing::MakeFakeFm(dir_.path() / "fm");
+  }
+
+  // The driver goes before publisher_ and reader_, which it calls.
+  void TearDown() override { driver_.reset(); }
+
+  DriverOptions Options() {
+    DriverOptions options = claimtest::NodeDirectories(dir_.path());
+    options.node_name = kNode;
+    options.get_claim = GetClaim();
+    options.publish_slices = [this](std::vector<kube::SliceDevice> devices) {
+      return publisher_->Publish(std::move(devices));
+    };
+    options.fabric.address = "unix:" + fm_.string();
+    options.fabric_library = FAKE_NVFM_LIBRARY;
+    options.fabric_interval = 50ms;
+    return options;
+  }
+
+  void StartDriver() {
+    ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_));
+  }
+
+  void StopDriver() {
+    driver_.reset();
+    ASSERT_TRUE(claimtest::Deregistered(*kubelet_));
+  }
+
+  // KubeVirt's shape: one request of one device per GPU ("gpu-0", "gpu-1", ...), as the scheduler allocated it.
+  void AddClaim(const std::string& name, const std::string& uid, const std::vector<std::string>& gpus) {
+    Json results = Json::array();
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      results.push_back({{"request", absl::StrCat("gpu-", i)}, {"driver", kDriver}, {"pool", kNode},
+                         {"device", DeviceName(gpus[i])}});
+    }
+    ASSERT_TRUE(api_->Control("claim " + claimtest::AllocatedClaim("vms", name, uid, results).dump()).ok());
+  }
+
+  // The claim's error ("" when prepared).
+  std::string Prepare(const std::string& name, const std::string& uid) {
+    auto response = kubelet_->Prepare(kDriver, {MakeClaim("vms", name, uid)});
+    if (!response.ok()) return response.status().ToString();
+    return response->claims().at(uid).error();
+  }
+  std::string Unprepare(const std::string& name, const std::string& uid) {
+    auto response = kubelet_->Unprepare(kDriver, {MakeClaim("vms", name, uid)});
+    if (!response.ok()) return response.status().ToString();
+    return response->claims().at(uid).error();
+  }
+
+  FakeFmState Fm() const { return testing::SnapshotFakeFm(fm_); }
+  bool FmActive(const std::set<uint32_t>& active) const {
+    return testing::WaitUntil([&] { return Fm().active == active; });
+  }
+
+  std::filesystem::path CdiSpec(const std::string& uid) const {
+    return dir_.path() / "cdi" / absl::StrCat(kDriver, "_claim_", uid, ".json");
+  }
+  std::filesystem::path Checkpoint(const std::string& uid) const {
+    return dir_.path() / "plugins" / kDriver / "claims" / (uid + ".json");
+  }
+
+  // device name -> {partition<N> attribute -> value}, from the node's ResourceSlices on the API server.
+  std::map<std::string, std::map<std::string, int>> SlicePartitions() const {
+    std::map<std::string, std::map<std::string, int>> devices;
+    auto slices = api_->Slices();
+    if (!slices.ok() || !slices->is_array()) return devices;
+    const std::string prefix = absl::StrCat(kDriver, "/partition");
+    for (const Json& slice : *slices) {
+      for (const Json& device : slice["spec"].value("devices", Json::array())) {
+        auto& partitions = devices[device.value("name", "")];
+        const Json attributes = device.value("attributes", Json::object());
+        for (const auto& [key, value] : attributes.items()) {
+          if (key.starts_with(prefix)) partitions[key.substr(key.rfind('/') + 1)] = value.value("int", -1);
+        }
+      }
+    }
+    return devices;
+  }
+
+  std::filesystem::path fm_;
+  std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<KubeletDraSim> kubelet_;
+};
+
+using Partitions = std::map<std::string, int>;
+
+TEST_F(DraFabricTest, EachGpuCarriesOnePartitionAttributePerSizeRepublishedWhenFabricManagerChanges) {
+  StartDriver();
+  // FM's table: P0 all eight; P1, P2 modules 1-4, 5-8; P3..P6 pairs (1,2) (3,4) (5,6) (7,8); P7..P14 one each.
+  const Partitions module1 = {{"partition1", 7}, {"partition2", 3}, {"partition4", 1}, {"partition8", 0}};
+  const Partitions module6 = {{"partition1", 12}, {"partition2", 5}, {"partition4", 2}, {"partition8", 0}};
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto devices = SlicePartitions();
+    return devices.size() == 8 && devices[DeviceName(Module(1))] == module1;
+  })) << SlicePartitions().size();
+  auto devices = SlicePartitions();
+  EXPECT_EQ(devices[DeviceName(Module(6))], module6);
+  for (uint32_t module = 1; module <= 8; ++module) {
+    const Partitions& partitions = devices[DeviceName(Module(module))];
+    EXPECT_EQ(partitions.size(), 4u) << module;
+    // Module ids are not PCI order: the attributes follow FM's own PCI addresses.
+    EXPECT_EQ(partitions.at("partition1"), static_cast<int>(6 + module)) << module;
+    EXPECT_EQ(partitions.at("partition2"), static_cast<int>(3 + (module - 1) / 2)) << module;
+  }
+
+  // FM restarts with a degraded board: modules 1-4 and the pair (1,2) are no longer supported. The driver
+  // reconnects and the slice follows.
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) {
+    state.unsupported = {1, 3};
+    ++state.epoch;
+  });
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    return SlicePartitions()[DeviceName(Module(1))] == Partitions{{"partition1", 7}, {"partition8", 0}};
+  })) << SlicePartitions()[DeviceName(Module(1))].size();
+  EXPECT_EQ(SlicePartitions()[DeviceName(Module(6))], module6);
+  EXPECT_EQ(SlicePartitions()[DeviceName(Module(3))],
+            (Partitions{{"partition1", 9}, {"partition2", 4}, {"partition8", 0}}));
+}
+
+TEST_F(DraFabricTest, TwoAndEightGpuClaimsActivateTheirPartitionAndUnprepareReleasesIt) {
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(4), Module(3)});
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{4});  // active before Prepare answered
+  EXPECT_EQ(Json::parse(std::ifstream(Checkpoint("uid-pair")))["fabricPartitions"], Json::array({4}));
+
+  ASSERT_EQ(Unprepare("pair", "uid-pair"), "");
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-pair")));
+  ASSERT_TRUE(FmActive({}));
+
+  std::vector<std::string> all;
+  for (uint32_t module = 1; module <= 8; ++module) all.push_back(Module(module));
+  AddClaim("eight", "uid-eight", all);
+  ASSERT_EQ(Prepare("eight", "uid-eight"), "");
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{0});
+  // A repeat answers from the checkpoint and asks FM nothing.
+  const int activations = Fm().counts["activate"];
+  ASSERT_EQ(Prepare("eight", "uid-eight"), "");
+  EXPECT_EQ(Fm().counts["activate"], activations);
+  ASSERT_EQ(Unprepare("eight", "uid-eight"), "");
+  ASSERT_TRUE(FmActive({}));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-eight")));
+}
+
+TEST_F(DraFabricTest, GpusThatAreNoPartitionAreRefusedNamingThemAndTheSizes) {
+  StartDriver();
+  AddClaim("split", "uid-split", {Module(1), Module(3)});  // two GPUs of different pairs
+  AddClaim("three", "uid-three", {Module(1), Module(2), Module(3)});
+  const std::string split = Prepare("split", "uid-split");
+  EXPECT_NE(split.find("claim vms/split (uid-split): the GPUs ["), std::string::npos) << split;
+  EXPECT_NE(split.find(Module(1)), std::string::npos) << split;
+  EXPECT_NE(split.find(Module(3)), std::string::npos) << split;
+  EXPECT_NE(split.find("are no Fabric Manager partition (partition sizes: 1, 2, 4, 8)"), std::string::npos) << split;
+  EXPECT_NE(split.find("matchAttribute: gpu.vfio-agent.cozystack.io/partition2"), std::string::npos) << split;
+  EXPECT_NE(Prepare("three", "uid-three").find("are no Fabric Manager partition"), std::string::npos);
+  for (const std::string uid : {"uid-split", "uid-three"}) {
+    EXPECT_FALSE(std::filesystem::exists(CdiSpec(uid))) << uid;
+    EXPECT_FALSE(std::filesystem::exists(Checkpoint(uid))) << uid;
+  }
+  EXPECT_EQ(Fm().counts["activate"], 0);
+  EXPECT_TRUE(Fm().active.empty());
+}
+
+// A partition active for no claim of this driver (a VM the device plugin started before the node moved to DRA)
+// is never deactivated under it, and a claim that would need its GPUs is refused with the reason.
+TEST_F(DraFabricTest, APartitionActiveForNoClaimIsKeptAndAClaimOverlappingItRefused) {
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.active = {1}; });  // modules 1-4
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(1), Module(2)});
+  const std::string error = Prepare("pair", "uid-pair");
+  EXPECT_NE(error.find("Fabric Manager partition P1 ["), std::string::npos) << error;
+  EXPECT_NE(error.find("is active and its GPU"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-pair")));
+  // A claim beside it is served, and its release leaves P1 alone.
+  AddClaim("other", "uid-other", {Module(5), Module(6)});
+  ASSERT_EQ(Prepare("other", "uid-other"), "");
+  ASSERT_TRUE(FmActive({1, 5}));
+  ASSERT_EQ(Unprepare("other", "uid-other"), "");
+  ASSERT_TRUE(FmActive({1}));
+  EXPECT_EQ(Fm().counts["deactivate"], 1);
+}
+
+TEST_F(DraFabricTest, AnAgentRestartWithAPreparedClaimKeepsItsPartitionActive) {
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(7), Module(8)});
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  ASSERT_EQ(Fm().active, std::set<uint32_t>{6});
+
+  StopDriver();
+  const int connects = Fm().counts["connect"];
+  StartDriver();
+  // The new driver has connected, read FM and swept its claims (the claim is still in the API).
+  const std::string claim_path = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims/pair";
+  ASSERT_TRUE(testing::WaitUntil([&] { return api_->Count("GET", claim_path, "200") == 2; }));
+  ASSERT_GT(Fm().counts["connect"], connects);
+  // Passes of the fabric loop come and go (each reads FM); the claim's partition stays.
+  const int reads = Fm().counts["get_supported"];
+  ASSERT_TRUE(testing::WaitUntil([&] { return Fm().counts["get_supported"] >= reads + 3; }));
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{6});
+  EXPECT_EQ(Fm().counts["deactivate"], 0);
+
+  ASSERT_EQ(Unprepare("pair", "uid-pair"), "");
+  ASSERT_TRUE(FmActive({}));
+}
+
+TEST_F(DraFabricTest, AClaimDeletedWhileTheAgentWasDownHasItsPartitionReleased) {
+  StartDriver();
+  AddClaim("kept", "uid-kept", {Module(1), Module(2)});
+  AddClaim("gone", "uid-gone", {Module(5), Module(6), Module(7), Module(8)});
+  ASSERT_EQ(Prepare("kept", "uid-kept"), "");
+  ASSERT_EQ(Prepare("gone", "uid-gone"), "");
+  ASSERT_EQ(Fm().active, (std::set<uint32_t>{2, 3}));
+
+  StopDriver();
+  ASSERT_TRUE(api_->Control("delete-claim vms gone").ok());
+  StartDriver();
+  ASSERT_TRUE(FmActive({3}));
+  EXPECT_TRUE(testing::WaitUntil([&] { return !std::filesystem::exists(Checkpoint("uid-gone")); }));
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-gone")));
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint("uid-kept")));
+}
+
+}  // namespace
+}  // namespace vfio_agent::dra
