@@ -197,8 +197,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
   absl::Status PassVgpu(Clock::time_point start);
   // vm-vgpu with a profile config: one reconcile pass of the config, then its state label and events.
   void ApplyVgpuProfiles();
+  // The event and log line go out when the state or `message` differs from the last, or the host changed; the
+  // outcome is compared without `what_changed`, so a converged pass after a change repeats nothing.
   void PublishVgpuConfig(const std::string& state, kube::EventType type, const std::string& reason,
-                         const std::string& message, bool changed);
+                         const std::string& message, bool changed, const std::string& what_changed = "");
   std::optional<Readiness> RefusalNow(const std::vector<std::string>& resource_names);
   // While the node is refused: publishes the refusal and schedules the next check (true); else clears it.
   bool StillRefused(const std::vector<std::string>& resource_names);
@@ -554,16 +556,15 @@ void Daemon::Impl::ApplyVgpuProfiles() {
                       absl::StrCat(what, ": ", absl::StrJoin(pending, "; ")), report->changed());
   } else {
     PublishVgpuConfig(state, kube::EventType::kNormal, "VgpuConfigApplied",
-                      absl::StrCat(what, " applied: ", report->gpus.size(), " GPUs as configured",
-                                   report->changed() ? absl::StrCat(" (", created, " vGPUs created, ", removed, " removed)") : ""),
-                      report->changed());
+                      absl::StrCat(what, " applied: ", report->gpus.size(), " GPUs as configured"), report->changed(),
+                      report->changed() ? absl::StrCat(" (", created, " vGPUs created, ", removed, " removed)") : "");
   }
 }
 
 // The label on every pass (the reporter writes it only when the node lacks it); the event and the log line when
 // the outcome changed, or when the host did.
 void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType type, const std::string& reason,
-                                     const std::string& message, bool changed) {
+                                     const std::string& message, bool changed, const std::string& what_changed) {
   if (state.empty()) {
     if (vgpu_outcome_ != "none") spdlog::info("vGPU config: none chosen (no {} label, no --vgpu-config)", kVgpuConfigLabel);
     vgpu_outcome_ = "none";
@@ -573,12 +574,13 @@ void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType t
   const std::string outcome = absl::StrCat(state, ":", message);
   if (outcome == vgpu_outcome_ && !changed) return;
   vgpu_outcome_ = outcome;
+  const std::string note = message + what_changed;
   if (type == kube::EventType::kWarning) {
-    spdlog::warn("{}", message);
+    spdlog::warn("{}", note);
   } else {
-    spdlog::info("{}", message);
+    spdlog::info("{}", note);
   }
-  Event(type, reason, "ApplyingVgpuConfig", message);
+  Event(type, reason, "ApplyingVgpuConfig", note);
 }
 
 const absl::StatusOr<Labels>& Daemon::Impl::PassLabels() {

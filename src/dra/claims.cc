@@ -13,6 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::dra::internal {
 namespace {
@@ -41,12 +42,6 @@ std::string BaseRequest(const std::string& request) { return request.substr(0, r
 bool IsSafeUid(const std::string& uid) {
   return !uid.empty() && uid.size() <= 64 &&
          std::all_of(uid.begin(), uid.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
-}
-
-void AddNode(cdi::v1::ContainerEdits* edits, const std::string& path) {
-  cdi::v1::DeviceNode* node = edits->add_device_nodes();
-  node->set_path(path);
-  node->set_permissions("rw");
 }
 
 Json DeviceJson(const PreparedDevice& device) {
@@ -161,6 +156,14 @@ std::set<std::string> BdfsOf(const PreparedClaim& claim) {
 }
 
 }  // namespace
+
+void AddCdiNodes(const std::vector<std::string>& paths, cdi::v1::ContainerEdits* edits) {
+  for (const std::string& path : paths) {
+    cdi::v1::DeviceNode* node = edits->add_device_nodes();
+    node->set_path(path);
+    node->set_permissions("rw");
+  }
+}
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
   drav1::NodePrepareResourceResponse response;
@@ -459,13 +462,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     cdi::v1::Device* cdi_device = spec.add_devices();
     cdi_device->set_name(cdi_name);
     cdi::v1::ContainerEdits* edits = cdi_device->mutable_container_edits();
-    // As the device plugin hands them out: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu].
-    if (iommufd) {
-      for (const std::string& cdev : fn->vfio_cdevs) AddNode(edits, "/dev/vfio/devices/" + cdev);
-    }
-    AddNode(edits, "/dev/vfio/vfio");
-    AddNode(edits, absl::StrCat("/dev/vfio/", *fn->iommu_group));
-    if (iommufd) AddNode(edits, "/dev/iommu");
+    AddCdiNodes(pci::VfioDeviceNodes(fn->vfio_cdevs, fn->iommu_group, iommufd), edits);
     prepared.devices.push_back({.request = BaseRequest(result->request),
                                 .pool = result->pool,
                                 .device = result->device,

@@ -109,4 +109,7 @@ class ClaimPreparer final : public ClaimHandler {
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);
 
+// Each path as a device node of the claim's CDI spec, read-write (pci::VfioDeviceNodes gives a VFIO device's).
+void AddCdiNodes(const std::vector<std::string>& paths, cdi::v1::ContainerEdits* edits);
+
 }  // namespace vfio_agent::dra::internal

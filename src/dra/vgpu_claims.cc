@@ -10,6 +10,7 @@
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::dra::internal {
 
@@ -44,19 +45,8 @@ absl::StatusOr<const VgpuDevice*> VgpuView::Preparable(const std::string& device
 }
 
 void VgpuView::AddDeviceNodes(const VgpuDevice& vgpu, cdi::v1::ContainerEdits* edits) const {
-  const bool iommufd = iommufd_ && !vgpu.mdev;
-  std::vector<std::string> paths;
-  if (iommufd) {
-    for (const std::string& cdev : vgpu.vfio_cdevs) paths.push_back("/dev/vfio/devices/" + cdev);
-  }
-  paths.push_back("/dev/vfio/vfio");
-  if (vgpu.iommu_group) paths.push_back(absl::StrCat("/dev/vfio/", *vgpu.iommu_group));
-  if (iommufd) paths.push_back("/dev/iommu");
-  for (const std::string& path : paths) {
-    cdi::v1::DeviceNode* node = edits->add_device_nodes();
-    node->set_path(path);
-    node->set_permissions("rw");
-  }
+  // An mdev has no iommufd cdev: its group node only.
+  AddCdiNodes(pci::VfioDeviceNodes(vgpu.vfio_cdevs, vgpu.iommu_group, iommufd_ && !vgpu.mdev), edits);
 }
 
 void VgpuView::AddExtendedResourceEnv(const std::vector<std::string>& device_names,

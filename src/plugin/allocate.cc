@@ -10,6 +10,7 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -87,18 +88,15 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
   // KubeVirt hands the addresses to the VM's GPU slots in list order; sorting keeps that mapping stable
   // whatever order the kubelet sends.
   out.envs[resource.env_name] = absl::StrJoin(requested, ",");
-  // Same order as the peer plugin per device: [cdevs], /dev/vfio/vfio, /dev/vfio/<group>, [/dev/iommu]. An mdev
-  // gets its own group node only, as KubeVirt's in-tree mdev plugin hands out (never the whole /dev/vfio).
+  // Per device, in the peer plugin's order (pci::VfioDeviceNodes). An mdev gets its own group node only, as
+  // KubeVirt's in-tree mdev plugin hands out (never the whole /dev/vfio).
   const bool iommufd = resource.IommufdNodes(config.iommufd);
   std::set<std::string> seen;
   for (const std::string& id : requested) {
     const PluginDevice& device = *resource.Find(id);
-    if (iommufd) {
-      for (const std::string& cdev : device.vfio_cdevs) AddNode(out, seen, "/dev/vfio/devices/" + cdev);
+    for (const std::string& node : pci::VfioDeviceNodes(device.vfio_cdevs, device.iommu_group, iommufd)) {
+      AddNode(out, seen, node);
     }
-    AddNode(out, seen, "/dev/vfio/vfio");
-    if (device.iommu_group) AddNode(out, seen, absl::StrCat("/dev/vfio/", *device.iommu_group));
-    if (iommufd) AddNode(out, seen, "/dev/iommu");
     if (config.cdi) out.cdi_devices.push_back(CdiDeviceName(resource.resource_name, id));
   }
   return out;

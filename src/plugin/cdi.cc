@@ -6,6 +6,7 @@
 #include "cdi/v1/spec.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -66,12 +67,9 @@ std::string CdiSpecJson(const ResourceDevices& resource, bool host_iommufd) {
     cdi::v1::Device* entry = spec.add_devices();
     entry->set_name(device.id);
     cdi::v1::ContainerEdits* edits = entry->mutable_container_edits();
-    if (iommufd) {
-      for (const std::string& cdev : device.vfio_cdevs) AddNode(edits, "/dev/vfio/devices/" + cdev);
+    for (const std::string& node : pci::VfioDeviceNodes(device.vfio_cdevs, device.iommu_group, iommufd)) {
+      AddNode(edits, node);
     }
-    AddNode(edits, "/dev/vfio/vfio");
-    if (device.iommu_group) AddNode(edits, absl::StrCat("/dev/vfio/", *device.iommu_group));
-    if (iommufd) AddNode(edits, "/dev/iommu");
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions options;

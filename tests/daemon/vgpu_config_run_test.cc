@@ -169,6 +169,33 @@ TEST_F(VgpuConfigRunTest, TheNodeLabelPicksTheConfigAndAHeldVgpuIsChangedOnceIts
   ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-2Q", 2));
 }
 
+// The pass that creates the vGPUs says so once; the converged passes after it send no second event.
+TEST_F(VgpuConfigRunTest, TheChangeIsOneEventAndConvergedPassesRepeatNothing) {
+  Label("t4-1q-2");
+  StartDaemon("");
+  ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-1Q", 2));
+  ASSERT_TRUE(WaitEvent("VgpuConfigApplied"));
+  EXPECT_THAT(EventOf("VgpuConfigApplied").value("note", ""), HasSubstr("(2 vGPUs created, 0 removed)"));
+  daemon_->ReconcileNow();
+  daemon_->ReconcileNow();
+  // The reporter sends events in order: once the next config's event is stored, any repeat of the first is too.
+  Label("t4-2q-2");
+  daemon_->ReconcileNow();
+  auto applied = [&](const std::string& config) {
+    absl::StatusOr<nlohmann::json> events = api_->Events();
+    int count = 0;
+    for (const nlohmann::json& event : events.ok() ? *events : nlohmann::json::array()) {
+      if (event.value("reason", "") == "VgpuConfigApplied" &&
+          event.value("note", "").find("'" + config + "' applied") != std::string::npos) {
+        count += event.contains("series") ? event["series"].value("count", 1) : 1;
+      }
+    }
+    return count;
+  };
+  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return applied("t4-2q-2") > 0; }));
+  EXPECT_EQ(applied("t4-1q-2"), 1);
+}
+
 TEST_F(VgpuConfigRunTest, AFailureIsTheStateLabelAndAWarningNamingTheDeviceAndTheReason) {
   StartDaemon("t4-2q-10");  // no label: --vgpu-config; a T4 holds 8 T4-2Q
   ASSERT_TRUE(WaitState("failed")) << StateLabel();
