@@ -442,6 +442,12 @@ absl::Status Daemon::Impl::PassOnce() {
   // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
   pass_labels_ = std::exchange(polled_labels_, std::nullopt);
   if (reporter_ && (pass_labels_ || Clock::now() >= next_label_check_)) FollowWorkloadLabel();
+  // A passthrough node has no vGPU config: a state label left from vm-vgpu (ours or vgpu-device-manager's) would
+  // say that profiles are applied which are gone. Looked at whenever this pass read the labels.
+  if (options_.serve.workload == Workload::kVmPassthrough && pass_labels_ && pass_labels_->ok() &&
+      (*pass_labels_)->contains(kVgpuConfigStateLabel)) {
+    reporter_->SetLabel(kVgpuConfigStateLabel, "");
+  }
   if (options_.serve.workload == Workload::kVmVgpu) return PassVgpu(start);
   const HostPaths& paths = options_.serve.paths;
   const pci::ScanOptions scan_options{.detail_vendor = options_.serve.policy.vendor_id, .driver_override = false};

@@ -504,7 +504,8 @@ class NodeReporterImpl final : public NodeReporter {
   void PatchLabels(std::unique_lock<std::mutex>& lock, TimePoint now) {
     const std::map<std::string, std::string> sending = LabelsDue();
     Json labels = Json::object();
-    for (const auto& [key, value] : sending) labels[key] = value;
+    // null removes a label in a merge patch.
+    for (const auto& [key, value] : sending) labels[key] = value.empty() ? Json(nullptr) : Json(value);
     const Json patch = {{"metadata", {{"labels", labels}}}};
     lock.unlock();
     Outcome outcome = Request("PATCH", NodePath(), kMergePatch, Dump(patch), options_.request_timeout);

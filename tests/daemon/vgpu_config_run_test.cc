@@ -220,8 +220,15 @@ TEST_F(VgpuConfigRunTest, AGpuWhoseVgpuAVmHoldsStaysOnNvidiaWhenTheNodeTurnsPass
   ASSERT_FALSE(group.empty());
   auto vm = std::make_unique<vfio_agent::testing::HoldingProcess>(sysfs_->dev_root() / "vfio" / group);
 
-  ASSERT_TRUE(api_->Control("relabel node-a " + vgpu_labels + "\"vm-passthrough\"}").ok());
+  ASSERT_TRUE(WaitState("success")) << StateLabel();
+  ASSERT_TRUE(api_->Control("relabel node-a " + vgpu_labels + "\"vm-passthrough\", \"" + kVgpuConfigStateLabel +
+                            "\": \"success\"}").ok());
   ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return DriverOf("0000:86:00.0") == "vfio-pci"; }));
+  // No vGPU config on a passthrough node: the state label goes.
+  EXPECT_TRUE(sim::KubeApiSim::WaitFor([&] {
+    absl::StatusOr<nlohmann::json> node = api_->Node("node-a");
+    return node.ok() && !(*node)["metadata"]["labels"].contains(kVgpuConfigStateLabel);
+  })) << StateLabel();
   ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] {
     return ConditionMessage().find("0000:3b:00.0 stays on nvidia until its VM ends: a vGPU of it is held by pid " +
                                    std::to_string(vm->pid())) != std::string::npos;

@@ -10,7 +10,7 @@
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim).
 # Exit 1 when an expectation failed: 6 H200X-1-18C vGPUs in the node's capacity and the state label `success`
 # written by the agent itself; after the relabel the vGPU resource at 0, the whole GPUs on vfio-pci and in the
-# capacity, a WorkloadModeChanged event; exit 0 on SIGTERM.
+# capacity, the state label gone, a WorkloadModeChanged event; exit 0 on SIGTERM.
 source "$(dirname "$0")/realcluster_common.sh"
 VGPU=nvidia.com/NVIDIA_H200X-1-18C
 H200=nvidia.com/GH100_H200_SXM_141GB
@@ -65,6 +65,8 @@ expect "event WorkloadModeChanged" wait_for event_seen WorkloadModeChanged
 expect "capacity $VGPU: 0 (the vGPU plugin deregistered)" wait_for capacity_is $VGPU 0
 expect "capacity $H200: 2" wait_for capacity_is $H200 2
 expect "capacity $L40S: 1" wait_for capacity_is $L40S 1
+no_state_label() { ! K get node $NODE -o jsonpath='{.metadata.labels}' | grep -q 'vgpu.config.state'; }
+expect "the state label removed (no vGPU config on a passthrough node)" wait_for no_state_label
 expect "the GPUs on vfio-pci" [ "$(driver_of 0000:86:00.0)/$(driver_of 0000:af:00.0)/$(driver_of 0000:3b:00.0)" = vfio-pci/vfio-pci/vfio-pci ]
 
 echo "== SIGTERM"

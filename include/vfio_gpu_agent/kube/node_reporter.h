@@ -61,7 +61,7 @@ class NodeReporter {
                            const std::string& note) = 0;
   // Non-blocking. Sets a label of the node (a merge patch of metadata.labels), sent when it differs from what
   // the node carries; while the API is unreachable the latest value is kept and sent when it returns. A value the
-  // API refuses is not retried (a new value is).
+  // API refuses is not retried (a new value is). An empty value removes the label.
   virtual void SetLabel(const std::string& key, const std::string& value) = 0;
   // Blocks until the condition last set is stored on the node (or refused), at most `timeout`: for the
   // last word before the agent stops. DeadlineExceeded when it is still pending.
