@@ -1,12 +1,17 @@
 // vGPU discovery and profile apply on plain-directory trees (no FUSE: the figures are the agent's own cost, the
 // kernel's work behind each write is not in them). Targets from issue 19: discovery of 8 GPUs x 32 vGPUs under
-// 50 ms; applying 256 vGPUs bounded by the sysfs writes.
+// 50 ms; Allocate as for whole GPUs; applying 256 vGPUs bounded by the sysfs writes.
 #include <benchmark/benchmark.h>
 
 #include <fstream>
 
 #include "absl/strings/str_format.h"
 #include "support/sysfs_tree.h"
+#include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/plugin/allocate.h"
+#include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
 
@@ -78,6 +83,66 @@ void BM_Discover8Gpus32VgpusEach(benchmark::State& state) {
   state.counters["vgpus"] = static_cast<double>(found);
 }
 BENCHMARK(BM_Discover8Gpus32VgpusEach)->ArgName("sriov")->Arg(kMdev)->Arg(kSriov)->Unit(benchmark::kMillisecond);
+
+// The Allocate core (no transport) for 8 devices of one resource: 8 vGPUs (mdev UUIDs / SR-IOV VFs) of the 8x32
+// node, or arg 2, 8 whole GPUs on vfio-pci, the device plugin's case (bench_plugin's BM_AllocateCore8) in the same
+// run for the ratio. The snapshot is built once, as the plugin holds it between rescans.
+void BM_AllocateCore8(benchmark::State& state) {
+  constexpr int64_t kWholeGpus = 2;
+  TempDir dir("va-bench-vgpu");
+  SysfsTree tree(dir.path() / "sys");
+  std::filesystem::create_directories(dir.path() / "dev/vfio");
+  plugin::ResourceDevices resource;
+  std::vector<std::string> ids;
+  HostPaths paths;
+  paths.sysfs_root = tree.root();
+  paths.dev_root = dir.path() / "dev";
+  if (state.range(0) == kWholeGpus) {
+    for (int gpu = 0; gpu < kGpus; ++gpu) {
+      tree.AddDevice({.bdf = Pf(gpu), .driver = "vfio-pci", .iommu_group = 10 + gpu});
+      std::ofstream(dir.path() / "dev/vfio" / std::to_string(10 + gpu));
+    }
+    absl::StatusOr<pci::Inventory> inventory = pci::Scan(tree.root(), {.detail_vendor = 0x10de, .driver_override = false});
+    const pci::Selection selection = pci::Select(*inventory, pci::SelectionPolicy{});
+    const names::NameResolver names(nullptr, "nvidia.com", {});
+    const plugin::DeviceSnapshot snapshot = plugin::BuildSnapshot(paths, *inventory, selection, names, {});
+    if (snapshot.resources.size() != 1) {
+      state.SkipWithError("no single whole-GPU resource");
+      return;
+    }
+    resource = snapshot.resources.begin()->second;
+  } else {
+    const auto framework = static_cast<Framework>(state.range(0));
+    BuildNode(tree, framework, /*with_vgpus=*/true);
+    // Every vGPU's group node, as the kernel makes them (groups 1.. in BuildNode's order).
+    for (int group = 1; group <= kGpus * (kVgpusPerGpu + 1); ++group) {
+      std::ofstream(dir.path() / "dev/vfio" / std::to_string(group));
+    }
+    CatalogStore catalog(dir.path() / "state/vgpu-catalog.txt");
+    for (int gpu = 0; gpu < kGpus && framework == kSriov; ++gpu) {
+      catalog.Merge({.pf_bdf = Pf(gpu), .vendor_id = 0x10de, .device_id = 0x26b9, .driver_version = ""},
+                    {{1155, "NVIDIA L40S-1Q"}});
+    }
+    absl::StatusOr<pci::Inventory> inventory = pci::Scan(tree.root(), {.detail_vendor = 0x10de, .driver_override = false});
+    absl::StatusOr<Discovery> discovery = Discover(tree.root(), *inventory, catalog);
+    const plugin::VgpuSnapshot vgpus = plugin::BuildVgpuSnapshot(paths, *inventory, *discovery, "nvidia.com", {});
+    if (vgpus.snapshot.resources.size() != 1) {
+      state.SkipWithError("no single vGPU resource");
+      return;
+    }
+    resource = vgpus.snapshot.resources.begin()->second;
+  }
+  for (const plugin::PluginDevice& device : resource.devices) {
+    if (ids.size() < static_cast<size_t>(kGpus)) ids.push_back(device.id);
+  }
+  for (auto _ : state) {
+    auto allocation = plugin::AllocateContainer(resource, {}, ids);
+    if (!allocation.ok()) state.SkipWithError(allocation.status().ToString().c_str());
+    benchmark::DoNotOptimize(allocation);
+  }
+  state.counters["devices"] = static_cast<double>(ids.size());
+}
+BENCHMARK(BM_AllocateCore8)->ArgName("kind")->Arg(kMdev)->Arg(kSriov)->Arg(2)->Unit(benchmark::kMicrosecond);
 
 constexpr char kConfig[] = R"(version: v1
 vgpu-configs:
