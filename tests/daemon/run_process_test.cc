@@ -312,8 +312,9 @@ TEST_F(RunProcessTest, RestartsOnAHealthyNodeSendNoWarningAndNoFalseCondition) {
   ASSERT_TRUE(run_->WaitReady());
   ASSERT_TRUE(WaitUntil([&] { return ConditionIs("True", "AllDevicesReady"); }));
   EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
-  EXPECT_EQ(ConditionPatchesWithStatus("False"), 0u);
-  EXPECT_EQ(WarningEvents(), 0u);
+  auto events = api_->Events();
+  EXPECT_EQ(ConditionPatchesWithStatus("False"), 0u) << (events.ok() ? events->dump() : "");
+  EXPECT_EQ(WarningEvents(), 0u) << (events.ok() ? events->dump() : "");
   EXPECT_EQ(ConditionPatchesWithStatus("Unknown"), 1u);
 }
 
