@@ -35,7 +35,7 @@ std::vector<FlagSpec> RunFlags() {
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
       {"workload-label-interval", "MS",
        "how often the node label nvidia.com/gpu.workload.config is read (a GET of the node; a change switches the "
-       "mode), in milliseconds", "10000"},
+       "mode), in milliseconds", "30000"},
       {"vgpu-config-file", "FILE",
        "vm-vgpu: vGPU profiles to create, in NVIDIA vgpu-device-manager's format (a ConfigMap); applied on every "
        "pass (only the difference; a vGPU a VM holds is kept until freed), the outcome in the node label "
@@ -80,7 +80,7 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
   auto resync = IntValue(cmd.flags, "resync-interval", "60000", 100, 3600000);
   if (!resync.ok()) return resync.status();
   options.resync_interval = std::chrono::milliseconds(*resync);
-  auto label_interval = IntValue(cmd.flags, "workload-label-interval", "10000", 100, 3600000);
+  auto label_interval = IntValue(cmd.flags, "workload-label-interval", "30000", 100, 3600000);
   if (!label_interval.ok()) return label_interval.status();
   options.workload_label_interval = std::chrono::milliseconds(*label_interval);
   auto grace = IntValue(cmd.flags, "registration-grace", "30000", 0, 600000);

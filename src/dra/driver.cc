@@ -358,9 +358,9 @@ class Driver::Impl {
     }
   }
 
-  // The v1.36 kubelet takes a device not reported for 30 s as Unknown (health_info_cache.go, healthTimeout), so
+  // The kubelet takes a device not reported within its health_check_timeout_seconds as Unknown (healthinfo.go), so
   // the full list is sent again well inside that even when nothing changed.
-  static constexpr std::chrono::seconds kHealthRefresh{10};
+  static constexpr std::chrono::seconds kHealthRefresh{internal::kHealthCheckTimeoutSeconds / 3};
   static constexpr std::chrono::milliseconds kSettleRescan{25};  // second look after a device event
   // NVIDIA's driver sweeps every 10 minutes; a claim deleted while the agent was down is cleaned up at its start
   // and one the kubelet never unprepared within a minute.

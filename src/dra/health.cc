@@ -1,6 +1,7 @@
 #include "health.h"
 
 #include <chrono>
+#include <optional>
 
 #include "spdlog/spdlog.h"
 
@@ -10,8 +11,7 @@ namespace health = ::v1alpha1;
 
 namespace {
 constexpr size_t kMaxMessage = 1024;  // DeviceHealth.message
-// How often an idle stream looks whether the kubelet went away (the sync API calls nobody on cancellation).
-constexpr std::chrono::seconds kCancelPoll{5};
+constexpr std::chrono::seconds kSupersededWatch{30};
 }  // namespace
 
 health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& devices, const std::string& pool,
@@ -23,6 +23,7 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
     entry->mutable_device()->set_device_name(device.slice.name);
     entry->set_health(device.healthy() ? health::HEALTHY : health::UNHEALTHY);
     entry->set_last_updated_time(now_unix);
+    entry->set_health_check_timeout_seconds(kHealthCheckTimeoutSeconds);
     entry->set_message(device.unhealthy_reason.substr(0, kMaxMessage));
   }
   return message;
@@ -35,14 +36,26 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
   std::unique_lock lock(mu_);
   if (closed_) return {::grpc::StatusCode::UNAVAILABLE, "the DRA driver is stopping"};
   ++open_streams_;
+  const uint64_t opened = ++streams_opened_;
+  changed_.notify_all();  // an older stream of a kubelet that went away ends now
   lock.unlock();
   spdlog::info("DRA health stream opened by {}", peer);
   lock.lock();
   Message sent;
   std::string ended = "the kubelet cancelled it";
+  uint64_t newest_seen = opened;
+  std::optional<std::chrono::steady_clock::time_point> superseded_at;
   while (true) {
-    // A cancellation wakes nobody: it is seen within kCancelPoll, or at the next write.
-    changed_.wait_for(lock, kCancelPoll, [&] { return closed_ || latest_ != sent || context->IsCancelled(); });
+    auto woken = [&] { return closed_ || latest_ != sent || streams_opened_ != newest_seen; };
+    // The gRPC server may mark this stream cancelled only after the restarted kubelet's stream opened: for a
+    // while after that, this one looks again every second, then waits as before.
+    if (superseded_at && std::chrono::steady_clock::now() - *superseded_at < kSupersededWatch) {
+      changed_.wait_for(lock, std::chrono::seconds(1), woken);
+    } else {
+      changed_.wait(lock, woken);
+    }
+    if (streams_opened_ != newest_seen && !superseded_at) superseded_at = std::chrono::steady_clock::now();
+    newest_seen = streams_opened_;
     if (closed_) {
       ended = "the driver stopped";
       break;

@@ -13,14 +13,22 @@
 
 namespace vfio_agent::dra::internal {
 
+// How long the kubelet keeps a reported health before it takes the device as Unknown (its default is 30 s). The
+// kubelet forgets every health of a driver whose stream ends, so a stopped agent leaves nothing behind; this
+// bounds only an agent that hangs with its stream open, and lets the driver resend the list once a minute instead
+// of every 10 s.
+inline constexpr int64_t kHealthCheckTimeoutSeconds = 180;
+
 // The message a list of devices makes: one DeviceHealth per device, pool = `pool` (the node name), HEALTHY or
-// UNHEALTHY with the reason as message, stamped `now_unix`.
+// UNHEALTHY with the reason as message, stamped `now_unix`, valid for kHealthCheckTimeoutSeconds.
 ::v1alpha1::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& devices, const std::string& pool,
                                                      int64_t now_unix);
 
 // The sync API: each open stream holds one of the server's threads, blocked on a condition variable between
 // lists. The callback API would start gRPC's two callback-queue threads, which poll every second (the idle cost
-// tests/bench/README.md measures); a node has one kubelet, so one stream.
+// tests/bench/README.md measures); a node has one kubelet, so one stream. The sync API tells a handler nothing when
+// its client goes away, and polling for that woke the thread every few seconds: a stream instead looks whether it
+// was cancelled when it has a list to send and when a newer stream opens (a restarted kubelet's).
 class HealthService final : public ::v1alpha1::DRAResourceHealth::Service {
  public:
   HealthService() = default;
@@ -38,10 +46,11 @@ class HealthService final : public ::v1alpha1::DRAResourceHealth::Service {
   using Message = std::shared_ptr<const ::v1alpha1::NodeWatchResourcesResponse>;
 
   mutable std::mutex mu_;
-  std::condition_variable changed_;  // latest_ or closed_
+  std::condition_variable changed_;  // latest_, closed_ or streams_opened_
   Message latest_;                   // null until the first Publish
   bool closed_ = false;
   int open_streams_ = 0;
+  uint64_t streams_opened_ = 0;
 };
 
 }  // namespace vfio_agent::dra::internal

@@ -153,6 +153,8 @@ class DraHealthStreamTest : public DraDevicesTest {
     if (!latest) return health;
     for (const auto& device : latest->devices()) {
       EXPECT_EQ(device.device().pool_name(), kNodeName);
+      // Resent once a minute: the kubelet's default of 30 s would turn the devices Unknown in between.
+      EXPECT_GE(device.health_check_timeout_seconds(), 120);
       health[device.device().device_name()] =
           ::v1alpha1::HealthStatus_Name(device.health()) + (device.message().empty() ? "" : ": " + device.message());
     }

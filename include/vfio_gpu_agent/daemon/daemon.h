@@ -66,7 +66,7 @@ struct DaemonOptions {
   // While a change waits for a VM to free its vGPU, or failed, how soon it is tried again.
   std::chrono::milliseconds vgpu_retry{5000};
   // With an API: how often kWorkloadLabel is read (a change starts a pass). The one request a node at rest sends.
-  std::chrono::milliseconds workload_label_interval{10000};
+  std::chrono::milliseconds workload_label_interval{30000};
   // While a GPU waits for a VM to free it before moving to the current mode's driver, how soon it is looked at again.
   std::chrono::milliseconds mode_retry{5000};
   // On Stop, how long the AgentStopped condition may take to reach the API before the plugin deregisters
