@@ -14,7 +14,7 @@ K() { kubectl "$@"; }
 TMP=$(mktemp -d)
 failed=0
 # expect WHAT COMMAND...: runs the command; prints ok or FAILED.
-expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; fi; }
+expect() { local what=$1; shift; if "$@"; then echo "   ok: $what"; else echo "   FAILED: $what"; failed=1; return 1; fi; }
 # wait_for COMMAND...: until it succeeds, 30 s at most (the other side is waited for, never slept for).
 wait_for() { for _ in $(seq 300); do "$@" && return 0; sleep 0.1; done; return 1; }
 # in_kubelet_ns PROGRAM ARGS... &: in the kubelet's mount namespace, where it sees the FUSE node. Background calls
@@ -37,6 +37,8 @@ start_sim() {
 # to that pod, which carries the node name the admission policy holds the agent to.
 agent_identity() {
     echo "== manifests (${1#"$ROOT"/}: RBAC, admission policy; the DaemonSet selects no node here)"
+    # The previous run's cleanup deletes the namespace without waiting: its ServiceAccount would go with it.
+    K wait --for=delete namespace/$NS --timeout=180s >/dev/null 2>&1
     K apply -k "$1" 2>&1 | sed 's/^/   /'
     K -n $NS wait --for=jsonpath='{.metadata.name}'=default serviceaccount/default --timeout=30s >/dev/null 2>&1
     K -n $NS apply -f - >/dev/null <<POD
