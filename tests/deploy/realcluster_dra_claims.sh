@@ -9,14 +9,17 @@
 #      (pciBusID) at its path;
 #   3. deleting the pods unprepares their claims: no CDI spec of ours is left;
 #   4. with --bind-on-prepare, the GPUs stay on nvidia until a pod's claim binds its group to vfio-pci, and go back
-#      to nvidia after the pod is deleted.
+#      to nvidia after the pod is deleted;
+#   5. with --fabric-manager (the fake libnvfm), the slices carry the partition attributes, a claim of two requests
+#      tied by matchAttribute on partition2 activates exactly one 2-GPU partition, released after the pod goes.
 # Not part of CI (the cluster is not there); daemonset/README.md (DRA nodes) records a run.
 #
 # Needs the cluster running, and the kubelet started with NODE_DEV holding /dev/vfio nodes for the simulated groups
 # (containerd creates them in the pods):
 #   mkdir -p /tmp/fakedev/vfio; for g in vfio 11 13 15 17 19 21 23 25; do mknod /tmp/fakedev/vfio/$g c 1 3; done
 #   ./run.sh start all && NODE_DEV=/tmp/fakedev GOROOT=... ./kubelet-dra.sh start && GOROOT=... ./kubelet-dra.sh images
-# Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim).
+# Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent, sysfs-sim and
+#      tests/fabric/lib/libnvfm.so.1).
 source "$(dirname "$0")/realcluster_common.sh"
 DRIVER=gpu.vfio-agent.cozystack.io
 RES=nvidia.com/GH100_H200_SXM_141GB
@@ -198,6 +201,63 @@ expect "bop-1 gone" wait_for pod_gone bop-1
 back_on_nvidia() { [ "$(driver_of "$bdf")" = nvidia ]; }
 expect "$bdf back on nvidia after the claim's Unprepare" wait_for back_on_nvidia
 expect "no CDI spec of ours left" wait_for no_cdi_specs
+stop_agent
+
+echo "== 5. Fabric Manager (fake libnvfm, shared-NVSwitch mode): a claim of 2 requests tied by matchAttribute"
+# Module ids out of PCI order, as NVIDIA's HGX guide maps them (tests/fabric/fabric_fixture.h); the fake's layout
+# (tests/fabric/fake_nvfm_state.cc): P0 all 8, P1-P2 fours, P3-P6 pairs (modules 1-2, 3-4, 5-6, 7-8), P7-P14 singles.
+FM=$TMP/fm.state
+cat > "$FM" <<STATE
+mode shared
+epoch 0
+gpu 1 0000:9a:00.0
+gpu 2 0000:bb:00.0
+gpu 3 0000:ab:00.0
+gpu 4 0000:db:00.0
+gpu 5 0000:18:00.0
+gpu 6 0000:3b:00.0
+gpu 7 0000:2a:00.0
+gpu 8 0000:5d:00.0
+active
+unsupported
+STATE
+fm_active() { flock "$FM" awk '$1 == "active" { $1 = ""; sub(/^ /, ""); print }' "$FM"; }
+start_agent --fabric-manager "unix:$FM" --fabric-library "$BUILD/tests/fabric/lib/libnvfm.so.1"
+partition_attrs() {
+    K get resourceslices --field-selector "spec.nodeName=$NODE" -o json | python3 -c '
+import json, sys
+names = set()
+for s in json.load(sys.stdin)["items"]:
+    for d in s["spec"]["devices"]: names |= {k.split("/")[1] for k in d["attributes"] if "/partition" in k}
+print(" ".join(sorted(names)))'
+}
+attrs_published() { [ "$(partition_attrs)" = "partition1 partition2 partition4 partition8" ]; }
+wait_for attrs_published
+expect "the slices carry the partition attributes ($(partition_attrs))" attrs_published
+K apply -f - >/dev/null <<TEMPLATE
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: h200-pair, labels: {vfio-gpu-agent-test: dra-claims}}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: gpu-0, exactly: {deviceClassName: $CLASS}}
+      - {name: gpu-1, exactly: {deviceClassName: $CLASS}}
+      constraints:
+      - matchAttribute: $DRIVER/partition2
+TEMPLATE
+pod fm-2 claim h200-pair
+expect_running fm-2
+pair=$(claim_devices "$(claim_of fm-2)")
+active_one() { [ -n "$(fm_active)" ]; }
+wait_for active_one
+expect "fm-2's claim ($pair) activated one 2-GPU FM partition (active: $(fm_active))" \
+    [ "$(fm_active | wc -w)" = 1 ] && [ "$(fm_active)" -ge 3 ] && [ "$(fm_active)" -le 6 ]
+K delete pod fm-2 --wait=false >/dev/null
+expect "fm-2 gone" wait_for pod_gone fm-2
+none_active() { [ -z "$(fm_active)" ]; }
+expect "its partition released after the claim's Unprepare" wait_for none_active
 stop_agent
 
 agent_log_summary
