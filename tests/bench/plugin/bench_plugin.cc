@@ -506,9 +506,12 @@ BENCHMARK(BM_LaunchToRegister)->UseManualTime()->Iterations(1)->Unit(benchmark::
 // host's own PCI events): the agent's CPU over VA_IDLE_SECONDS (default 20) once registered on the idle 8-GPU
 // node. schedstat counts nanoseconds; utime+stime would count 10 ms ticks. Exited threads of the interval
 // are not counted, so the thread count is reported too. `run` 0: `serve`; 1: `run` (the same plugin plus the
-// gRPC health server, metrics, the pod-resources check and its periodic resync; no API server).
+// gRPC health server, metrics, the pod-resources check and its periodic resync; no API server); 2: the Go stack's
+// smallest plugin (tests/bench/go_peer, VA_GO_PEER_BIN), registered with the same 8 devices, for a ratio in one run.
 void BM_IdleCpu(benchmark::State& state) {
-  const char* binary = AgentBinaryOrSkip(state);
+  const bool go_peer = state.range(0) == 2;
+  const char* binary = go_peer ? std::getenv("VA_GO_PEER_BIN") : AgentBinaryOrSkip(state);
+  if (go_peer && binary == nullptr) state.SkipWithError("set VA_GO_PEER_BIN=<go_peer built from tests/bench/go_peer>");
   if (binary == nullptr) {
     for (auto _ : state) {
     }
@@ -533,6 +536,7 @@ void BM_IdleCpu(benchmark::State& state) {
                       health_port = std::to_string(vfio_agent::testing::UnusedLoopbackPort()), metrics_port = std::to_string(vfio_agent::testing::UnusedLoopbackPort());
     std::vector<const char*> argv = {binary, run ? "run" : "serve", "--sysfs-root", sysfs.c_str(), "--dev-root",
                                      dev.c_str(), "--kubelet-dir", kdir.c_str(), "--log-level", "warn"};
+    if (go_peer) argv = {binary, "--kubelet-dir", kdir.c_str(), "--resource", kH200, "--devices", "8"};
     if (run) {
       argv.insert(argv.end(), {"--pod-resources-socket", pod_resources.c_str(), "--listen-address", "127.0.0.1",
                                "--health-port", health_port.c_str(), "--metrics-port", metrics_port.c_str()});
@@ -566,7 +570,7 @@ void BM_IdleCpu(benchmark::State& state) {
   }
   bench::SetIdleCounters(state, idle, seconds);
 }
-BENCHMARK(BM_IdleCpu)->ArgName("run")->Arg(0)->Arg(1)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_IdleCpu)->ArgName("run")->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace vfio_agent::plugin::testing
