@@ -7,8 +7,9 @@
 # Usage: scripts/tsan-test.sh [CTEST_REGEX]     (default: every test of those executables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Other executables are not built here: CTest lists them as <name>_NOT_BUILT; the script tests need the release build.
-select=(-E '_NOT_BUILT$|^soak_test$|^e2e_|^deploy_|^image_')
+# Other executables are not built here: CTest lists them as <name>_NOT_BUILT; the script tests (demos among them)
+# need the release build.
+select=(-E '_NOT_BUILT$|^soak_test$|^e2e_|^deploy_|^image_|^demo')
 [ $# -gt 0 ] && select=(-R "$1")
 scripts/build.sh tsan --target plugin_test common_worker_pool_test binding_concurrency_test \
   plugin_integration_test kubelet_sim_test fabric_test dra_test kubelet_dra_sim_test
