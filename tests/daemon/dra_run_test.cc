@@ -96,7 +96,8 @@ struct DraNode {
     auto node = api->Node("node-a");
     if (!node.ok()) return false;
     for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
-      if (c.value("type", "") == "GPUPassthroughReady") return c.value("status", "") == status && c.value("reason", "") == reason;
+      if (c.value("type", "") != "GPUPassthroughReady") continue;
+      return c.value("status", "") == status && c.value("reason", "") == reason;
     }
     return false;
   }
@@ -273,13 +274,14 @@ TEST(DraRunTest, WithFabricManagerNotAnsweringTheNodeIsNotReadyOnFabricReachable
 
   // Every partition holding module 1 unsupported (a degraded board): that GPU alone is unhealthy, as the device
   // plugin advertises it: DeviceLost, dra.healthy, and back.
-  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.unsupported = {0, 1, 3, 7}; });
+  vfio_agent::testing::UpdateFakeFm(fm,
+                                    [](vfio_agent::testing::FakeFmState& state) { state.unsupported = {0, 1, 3, 7}; });
   EXPECT_TRUE(WaitUntil([&] { return dra.ConditionIs("False", "DeviceUnhealthy"); })) << dra.run->Log();
   EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_not_ready{check=\"dra.healthy\"} 1")) << dra.run->Metrics();
   EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("DeviceLost", "").empty(); })) << dra.run->Log();
   EXPECT_THAT(dra.EventNotes("DeviceLost", ""),
-              ::testing::ElementsAre(::testing::HasSubstr(Module(1) + " nvidia.com/GH100_H200_SXM_141GB unhealthy: in no "
-                                                          "supported Fabric Manager partition")));
+              ::testing::ElementsAre(::testing::HasSubstr(
+                  Module(1) + " nvidia.com/GH100_H200_SXM_141GB unhealthy: in no supported Fabric Manager partition")));
   vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.unsupported.clear(); });
   EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
   EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("DeviceRecovered", Module(1)).empty(); })) << dra.run->Log();

@@ -193,7 +193,8 @@ class DraFabricTest : public claimtest::ClaimApiTest {
     for (const Json& slice : *slices) {
       for (const Json& device : slice["spec"].value("devices", Json::array())) {
         for (const Json& taint : device.value("taints", Json::array())) {
-          if (taint.value("key", "") == absl::StrCat(kDriver, "/unhealthy") && taint.value("effect", "") == "NoSchedule") {
+          if (taint.value("key", "") == absl::StrCat(kDriver, "/unhealthy") &&
+              taint.value("effect", "") == "NoSchedule") {
             health[device.value("name", "")] += " tainted";
           }
         }
