@@ -84,7 +84,9 @@ class UdevUevents final : public UeventSource {
 
 }  // namespace
 
-class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricObserver {
+// The DRA driver's Fabric Manager news is the device plugin's (dra::FabricObserver is a fabric::FabricObserver):
+// one set of events and metrics for both frontends.
+class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObserver {
  public:
   Impl(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter, std::unique_ptr<UeventSource> uevents)
       : options_(std::move(options)),
@@ -95,6 +97,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;
+    if (options_.dra) options_.dra->fabric_observer = this;
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
     if (options_.dra) dra_ = std::make_unique<dra::Driver>(*options_.dra);
     if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
@@ -133,15 +136,15 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
 
   // fabric::FabricObserver: one event per partition change, on the node the VM runs on.
   void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override {
-    metrics_.CountPartitionActivation(true, "");
-    if (auto fabric = agent_->Fabric()) metrics_.SetFabric(*fabric);
-    Event(kube::EventType::kNormal, "PartitionActivated", "Allocating",
-          absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " active for the GPUs [",
-                       absl::StrJoin(for_gpus, ","), "]"));
+    PartitionActivated(partition, for_gpus, "");
+  }
+  void OnClaimPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus,
+                                 const std::string& claim) override {
+    PartitionActivated(partition, for_gpus, absl::StrCat(" of ", claim));
   }
   void OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) override {
     metrics_.CountPartitionRelease();
-    if (auto fabric = agent_->Fabric()) metrics_.SetFabric(*fabric);
+    if (auto fabric = Fabric()) metrics_.SetFabric(*fabric);
     Event(kube::EventType::kNormal, "PartitionReleased", "Releasing",
           absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " deactivated: ", why));
   }
@@ -162,6 +165,18 @@ class Daemon::Impl final : public plugin::AgentObserver, public fabric::FabricOb
     return Clock::now() - beat < options_.live_limit;
   }
   void Beat() { heartbeat_.store(Clock::now().time_since_epoch().count()); }
+
+  // `holder`: who the partition is for, after the GPUs (a DRA claim); "" when the frontend does not know (Allocate).
+  void PartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus,
+                          const std::string& holder) {
+    metrics_.CountPartitionActivation(true, "");
+    if (auto fabric = Fabric()) metrics_.SetFabric(*fabric);
+    Event(kube::EventType::kNormal, "PartitionActivated", "Allocating",
+          absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " active for the GPUs [",
+                       absl::StrJoin(for_gpus, ","), "]", holder));
+  }
+  // With --fabric-manager: the serving frontend's view of Fabric Manager (the DRA driver's, else the device plugin's).
+  std::optional<fabric::FabricStatus> Fabric() const { return dra_ ? dra_->Fabric() : agent_->Fabric(); }
 
   void Loop();
   // --device narrows the node to those functions' IOMMU groups; empty = every group.
@@ -483,8 +498,11 @@ absl::Status Daemon::Impl::PassOnce() {
       selection = pci::Select(*inventory, options_.serve.policy);
     }
   }
-  const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
+  plugin::DeviceSnapshot expected = plugin::BuildSnapshot(
       paths, *inventory, selection, names_, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()));
+  // The DRA driver applies the device plugin's Fabric Manager rule to what it publishes: a GPU FM does not vouch for
+  // is expected Unhealthy (DeviceLost, dra.healthy), not a driver lagging behind (dra.published).
+  if (dra_) plugin::MarkUnusable(expected, [this](const std::string& id) { return dra_->FabricUnusable(id); });
   PublishDevices(selection, expected);
   Conclude(Evaluate(*inventory, selection, expected), start);
   if (mode_retry_at_) next_pass_ = std::min(next_pass_, *mode_retry_at_);
@@ -1043,7 +1061,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
     return {.ready = false, .check_id = "devices.bound", .reason = "DeviceNotBound",
             .message = absl::StrCat("devices.bound: not on a vfio driver: ", absl::StrJoin(unbound, "; "))};
   }
-  if (const std::optional<fabric::FabricStatus> fabric = agent_->Fabric()) {
+  if (const std::optional<fabric::FabricStatus> fabric = Fabric()) {
     metrics_.SetFabric(*fabric);
     // Every GPU of the board waits on FM: one reason for all of them, FM's own.
     if ((!fabric->connected || !fabric->error.empty()) && !options_.serve.fabric.fail_open) {
@@ -1275,7 +1293,8 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
 }
 
 void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
-  // The DRA driver applies the same health rule (pci/vfio_health.h) to the same sysfs: its devices are `expected`.
+  // The DRA driver applies the same health rules (pci/vfio_health.h, Fabric Manager's) to the same sysfs: its devices
+  // are `expected`.
   plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
   if (BindOnPrepare()) {
     // A GPU on its host driver is healthy under this policy (a claim binds it): the driver's own health, or every

@@ -85,11 +85,13 @@ Metrics::Metrics()
                   .Register(*registry_)),
       partition_activations_(BuildCounter()
                                  .Name("vfio_gpu_agent_fabric_partition_activations_total")
-                                 .Help("Partition activations for an Allocate, by result and FM status")
+                                 .Help("Partition activations for an Allocate or a DRA claim's Prepare, by result "
+                                       "and FM status")
                                  .Register(*registry_)),
       partition_releases_(BuildCounter()
                               .Name("vfio_gpu_agent_fabric_partition_releases_total")
-                              .Help("Partitions deactivated (no pod held them, or an overlapping one was wanted)")
+                              .Help("Partitions deactivated (no pod held them, their DRA claim ended, or an "
+                                    "overlapping one was wanted)")
                               .Register(*registry_)
                               .Add({})) {}
 

@@ -31,9 +31,10 @@ constexpr char kMetadataApiVersion[] = "metadata.resource.k8s.io/v1alpha1";
 constexpr fs::Durability kClaimFiles = fs::Durability::kThisBoot;
 constexpr char kExtendedResourceClaimAnnotation[] = "resource.kubernetes.io/extended-resource-claim";
 
-std::string ClaimRef(const drav1::Claim& claim) {
-  return absl::StrCat("claim ", claim.namespace_(), "/", claim.name(), " (", claim.uid(), ")");
+std::string ClaimRef(const std::string& namespace_name, const std::string& name, const std::string& uid) {
+  return absl::StrCat("claim ", namespace_name, "/", name, " (", uid, ")");
 }
+std::string ClaimRef(const drav1::Claim& claim) { return ClaimRef(claim.namespace_(), claim.name(), claim.uid()); }
 
 // The request a result belongs to, without its subrequest ("gpus/h200" -> "gpus"), as the kubelet matches it.
 std::string BaseRequest(const std::string& request) { return request.substr(0, request.find('/')); }
@@ -217,7 +218,10 @@ absl::Status ClaimPreparer::Load() {
       continue;
     }
     const std::string uid = claim->uid;
-    if (fabric_ != nullptr) fabric_->Restore(uid, BdfsOf(*claim), claim->fabric_partitions);
+    if (fabric_ != nullptr) {
+      fabric_->Restore(uid, ClaimRef(claim->namespace_name, claim->name, uid), BdfsOf(*claim),
+                       claim->fabric_partitions);
+    }
     prepared_[uid] = *std::move(claim);
   }
   return absl::OkStatus();
@@ -472,7 +476,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   }
 
   if (fabric_ != nullptr) {
-    absl::StatusOr<std::vector<uint32_t>> partitions = fabric_->Activate(claim->uid, BdfsOf(prepared));
+    absl::StatusOr<std::vector<uint32_t>> partitions = fabric_->Activate(claim->uid, ref, BdfsOf(prepared));
     if (!partitions.ok()) {
       return absl::Status(partitions.status().code(), absl::StrCat(ref, ": ", partitions.status().message()));
     }

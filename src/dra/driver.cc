@@ -163,6 +163,8 @@ class Driver::Impl {
     std::lock_guard lock(mu_);
     return slice_error_;
   }
+  std::optional<fabric::FabricStatus> Fabric() const { return fabric_.Status(); }
+  std::string FabricUnusable(const std::string& bdf) const { return fabric_.Unusable(bdf); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -200,6 +202,7 @@ class Driver::Impl {
       next = BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name,
                           previous, options_.bind_on_prepare);
       fabric_.AddAttributes(&next);
+      fabric_.MarkUnusable(&next);
     }
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
@@ -413,6 +416,8 @@ std::vector<GpuDevice> Driver::Devices() const { return impl_->Devices(); }
 int Driver::HealthStreams() const { return impl_->HealthStreams(); }
 int Driver::SliceWrites() const { return impl_->SliceWrites(); }
 std::string Driver::SliceError() const { return impl_->SliceError(); }
+std::optional<fabric::FabricStatus> Driver::Fabric() const { return impl_->Fabric(); }
+std::string Driver::FabricUnusable(const std::string& bdf) const { return impl_->FabricUnusable(bdf); }
 
 absl::Status Serve(const DriverOptions& options) {
   sigset_t signals;

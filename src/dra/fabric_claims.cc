@@ -21,23 +21,27 @@ bool IsPartitionAttribute(const std::string& key, const std::string& prefix) {
 }  // namespace
 
 FabricClaims::FabricClaims(const DriverOptions& options)
-    : driver_(options.driver_name), interval_(options.fabric_interval), fail_open_(options.fabric.fail_open) {
+    : driver_(options.driver_name),
+      interval_(options.fabric_interval),
+      fail_open_(options.fabric.fail_open),
+      host_(options.fabric_observer) {
   if (options.fabric.address.empty()) return;
   fabric::FabricOptions fabric_options = options.fabric;
   // The device plugin's grace covers the kubelet recording an allocation after Allocate answers; here the claim
   // is held (under mu_) in the same step that activates its partition, so a release can follow Unprepare at once.
   fabric_options.activation_grace = std::chrono::milliseconds(0);
   const fabric::NvfmOptions nvfm{.address = fabric_options.address, .library = options.fabric_library};
-  manager_ = std::make_unique<fabric::PartitionManager>(fabric_options, [nvfm] { return fabric::ConnectNvfm(nvfm); });
+  manager_ = std::make_unique<fabric::PartitionManager>(
+      fabric_options, [nvfm] { return fabric::ConnectNvfm(nvfm); }, static_cast<fabric::FabricObserver*>(this));
 }
 
 FabricClaims::~FabricClaims() { Stop(); }
 
-void FabricClaims::Restore(const std::string& uid, const std::set<std::string>& gpus,
+void FabricClaims::Restore(const std::string& uid, const std::string& claim, const std::set<std::string>& gpus,
                            const std::vector<uint32_t>& partitions) {
   if (!manager_) return;
   std::lock_guard lock(mu_);
-  holds_[uid] = {.gpus = gpus, .partitions = partitions};
+  holds_[uid] = {.claim = claim, .gpus = gpus, .partitions = partitions};
 }
 
 void FabricClaims::Start(std::function<void()> on_change) {
@@ -47,6 +51,7 @@ void FabricClaims::Start(std::function<void()> on_change) {
     std::lock_guard lock(mu_);
     PassLocked();
   }
+  Deliver();
   {
     std::lock_guard lock(notify_mu_);
     seen_generation_ = manager_->Status().generation;  // the driver's first scan comes next and reads this table
@@ -73,6 +78,7 @@ void FabricClaims::Loop() {
       std::lock_guard pass(mu_);
       PassLocked();
     }
+    Deliver();
     NotifyIfChanged();
     lock.lock();
   }
@@ -118,11 +124,10 @@ void FabricClaims::NotifyIfChanged() {
   if (on_change_) on_change_();
 }
 
-absl::StatusOr<std::vector<uint32_t>> FabricClaims::Activate(const std::string& uid,
+absl::StatusOr<std::vector<uint32_t>> FabricClaims::Activate(const std::string& uid, const std::string& claim,
                                                              const std::set<std::string>& gpus) {
   if (!manager_) return std::vector<uint32_t>{};
-  std::vector<uint32_t> partitions;
-  {
+  absl::StatusOr<std::vector<uint32_t>> result = [&]() -> absl::StatusOr<std::vector<uint32_t>> {
     std::lock_guard lock(mu_);
     // The manager learns what the other claims hold (an overlapping partition one of them uses is never taken).
     PassLocked();
@@ -133,7 +138,11 @@ absl::StatusOr<std::vector<uint32_t>> FabricClaims::Activate(const std::string& 
           absl::StrJoin(status.table.Sizes(), ", "), "): a claim of N GPUs ties its N requests with constraints "
           "[{matchAttribute: ", driver_, "/", PartitionAttribute(static_cast<int>(gpus.size())), "}]"));
     }
-    if (absl::Status activated = manager_->PrepareAllocation(gpus); !activated.ok()) return activated;
+    activating_ = claim;
+    absl::Status activated = manager_->PrepareAllocation(gpus);
+    activating_.clear();
+    if (!activated.ok()) return activated;
+    std::vector<uint32_t> partitions;
     const fabric::FabricStatus now = manager_->Status();
     for (const fabric::Partition& partition : now.table.partitions()) {
       const bool inside = std::all_of(partition.gpus.begin(), partition.gpus.end(),
@@ -143,10 +152,12 @@ absl::StatusOr<std::vector<uint32_t>> FabricClaims::Activate(const std::string& 
         releasing_.erase(partition.id);
       }
     }
-    holds_[uid] = {.gpus = gpus, .partitions = partitions};
-  }
+    holds_[uid] = {.claim = claim, .gpus = gpus, .partitions = partitions};
+    return partitions;
+  }();
+  Deliver();
   NotifyIfChanged();
-  return partitions;
+  return result;
 }
 
 void FabricClaims::Release(const std::string& uid) {
@@ -159,10 +170,11 @@ void FabricClaims::Release(const std::string& uid) {
       spdlog::info("DRA claim {}: releasing Fabric Manager partition(s) {}", uid,
                    absl::StrJoin(it->second.partitions, ","));
     }
-    releasing_.insert(it->second.partitions.begin(), it->second.partitions.end());
+    for (uint32_t partition : it->second.partitions) releasing_[partition] = it->second.claim;
     holds_.erase(it);
     PassLocked();
   }
+  Deliver();
   NotifyIfChanged();
 }
 
@@ -190,6 +202,62 @@ void FabricClaims::AddAttributes(std::vector<GpuDevice>* devices) const {
       device.slice.attributes[absl::StrCat(driver_, "/", PartitionAttribute(size))] = kube::DeviceAttribute::Int(id);
     }
   }
+}
+
+void FabricClaims::MarkUnusable(std::vector<GpuDevice>* devices) const {
+  if (!manager_) return;
+  for (GpuDevice& device : *devices) {
+    if (!device.healthy()) continue;
+    device.unhealthy_reason = manager_->Unusable(device.bdf);
+    if (!device.healthy()) device.slice.taints.push_back(UnhealthyTaint(driver_));
+  }
+}
+
+std::string FabricClaims::Unusable(const std::string& bdf) const { return manager_ ? manager_->Unusable(bdf) : ""; }
+
+std::optional<fabric::FabricStatus> FabricClaims::Status() const {
+  if (!manager_) return std::nullopt;
+  return manager_->Status();
+}
+
+void FabricClaims::OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) {
+  if (host_ == nullptr) return;
+  notes_.push_back([this, partition, for_gpus, claim = activating_] {
+    host_->OnClaimPartitionActivated(partition, for_gpus, claim);
+  });
+}
+
+void FabricClaims::OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) {
+  if (host_ == nullptr) return;
+  // A partition is released when its claim is gone; the manager's own reason speaks of pods.
+  auto released = releasing_.find(partition.id);
+  std::string reason = released == releasing_.end() ? why : absl::StrCat(released->second, " released its GPUs");
+  notes_.push_back([this, partition, reason = std::move(reason)] { host_->OnPartitionDeactivated(partition, reason); });
+}
+
+void FabricClaims::OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
+                                      const std::string& message) {
+  if (host_ == nullptr) return;
+  notes_.push_back([this, gpus, fm_status, message] { host_->OnActivationFailed(gpus, fm_status, message); });
+}
+
+void FabricClaims::OnFabricWarning(const std::string& reason, const std::string& message) {
+  if (host_ == nullptr) return;
+  notes_.push_back([this, reason, message] { host_->OnFabricWarning(reason, message); });
+}
+
+void FabricClaims::OnFabricStateChanged() {
+  if (host_ == nullptr) return;
+  notes_.push_back([this] { host_->OnFabricStateChanged(); });
+}
+
+void FabricClaims::Deliver() {
+  std::vector<std::function<void()>> notes;
+  {
+    std::lock_guard lock(mu_);
+    notes.swap(notes_);
+  }
+  for (const std::function<void()>& note : notes) note();
 }
 
 }  // namespace vfio_agent::dra::internal

@@ -7,6 +7,9 @@
 // Which partitions the driver may release: only those it activated (or found recorded) for a claim. A partition
 // active for no claim of this driver (a VM the device plugin started before the node moved to DRA) counts as held,
 // so it is never deactivated under that VM.
+//
+// What happens is told to DriverOptions::fabric_observer, as the device plugin tells its own: each activation with
+// the claim it is for, each release with the claim that let the partition go.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,18 +31,20 @@
 
 namespace vfio_agent::dra::internal {
 
-class FabricClaims {
+class FabricClaims final : private fabric::FabricObserver {
  public:
   // Off (no attributes, Activate answers no partition, Release does nothing) while options.fabric.address is empty.
   explicit FabricClaims(const DriverOptions& options);
-  ~FabricClaims();  // Stop()
+  ~FabricClaims() override;  // Stop()
   FabricClaims(const FabricClaims&) = delete;
   FabricClaims& operator=(const FabricClaims&) = delete;
 
   bool enabled() const { return manager_ != nullptr; }
 
-  // A claim prepared before a restart (from its checkpoint): its partitions stay active. Before Start.
-  void Restore(const std::string& uid, const std::set<std::string>& gpus, const std::vector<uint32_t>& partitions);
+  // A claim prepared before a restart (from its checkpoint): its partitions stay active. Before Start. `claim`
+  // names it in messages: "claim <namespace>/<name> (<uid>)".
+  void Restore(const std::string& uid, const std::string& claim, const std::set<std::string>& gpus,
+               const std::vector<uint32_t>& partitions);
 
   // Reads FM once (so the first slices carry the attributes), then every fabric_interval on a thread of its own:
   // `on_change` runs there whenever FM's partitions (and so the attributes) may have changed.
@@ -48,7 +54,8 @@ class FabricClaims {
   // Before Prepare answers: `gpus` must be exactly one supported partition, which is then active and held by the
   // claim. The partitions now active for it (empty when the mode is off, or fail-open gave it none); the error
   // names the GPUs and the partition sizes FM has.
-  absl::StatusOr<std::vector<uint32_t>> Activate(const std::string& uid, const std::set<std::string>& gpus);
+  absl::StatusOr<std::vector<uint32_t>> Activate(const std::string& uid, const std::string& claim,
+                                                 const std::set<std::string>& gpus);
 
   // After the claim's files are gone (Unprepare, the stale-claim sweep, a failed Prepare): its partitions are
   // deactivated unless another claim holds one of their GPUs; one FM could not deactivate is retried every pass.
@@ -56,12 +63,30 @@ class FabricClaims {
 
   // partition<N> = FM's partition id, for every size N of a partition holding the device's GPU.
   void AddAttributes(std::vector<GpuDevice>* devices) const;
+  // A healthy device FM does not vouch for (FM not usable, its GPU in no supported partition) becomes unhealthy,
+  // tainted: the device plugin's rule, so the VM never gets a GPU whose CUDA would fail with error 802.
+  void MarkUnusable(std::vector<GpuDevice>* devices) const;
+  std::string Unusable(const std::string& bdf) const;
+
+  // nullopt while the mode is off.
+  std::optional<fabric::FabricStatus> Status() const;
 
  private:
   struct Hold {
+    std::string claim;
     std::set<std::string> gpus;
     std::vector<uint32_t> partitions;
   };
+
+  // fabric::FabricObserver: the manager calls these inside the calls made under mu_; each becomes a note for the
+  // host, with the claim named, delivered once mu_ is released (Deliver).
+  void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus) override;
+  void OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) override;
+  void OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
+                          const std::string& message) override;
+  void OnFabricWarning(const std::string& reason, const std::string& message) override;
+  void OnFabricStateChanged() override;
+  void Deliver();
 
   // What no release may touch: every claim's GPUs, and the GPUs of active partitions that are not ours to release.
   fabric::Held HeldLocked();
@@ -75,12 +100,15 @@ class FabricClaims {
   const std::string driver_;
   const std::chrono::milliseconds interval_;
   const bool fail_open_;
+  dra::FabricObserver* const host_;  // DriverOptions::fabric_observer; may be null
   std::unique_ptr<fabric::PartitionManager> manager_;
 
-  std::mutex mu_;  // holds_, releasing_, table_read_ and every manager_ call that depends on them
-  std::map<std::string, Hold> holds_;  // by claim UID
-  std::set<uint32_t> releasing_;       // ours to deactivate: their claims are gone
+  std::mutex mu_;  // holds_, releasing_, table_read_, activating_, notes_ and every manager_ call
+  std::map<std::string, Hold> holds_;         // by claim UID
+  std::map<uint32_t, std::string> releasing_;  // ours to deactivate (their claims are gone): id -> the claim
   bool table_read_ = false;
+  std::string activating_;  // during Activate: the claim
+  std::vector<std::function<void()>> notes_;  // for host_, in order
 
   std::function<void()> on_change_;
   std::mutex notify_mu_;

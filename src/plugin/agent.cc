@@ -188,8 +188,6 @@ class Agent::Impl {
   // The snapshot of one scan in the configured workload mode; only the scanner (and Start, before it) calls it.
   absl::StatusOr<DeviceSnapshot> Build(const pci::Inventory& inventory);
   absl::StatusOr<DeviceSnapshot> BuildVgpu(const pci::Inventory& inventory);
-  // A GPU Fabric Manager does not vouch for is Unhealthy: in the VM its CUDA would fail (error 802).
-  void MarkFabric(DeviceSnapshot& snapshot) const;
   // Releases partitions no pod holds and follows FM's state; a change of what FM vouches for rescans.
   void FabricLoop();
   void Apply(DeviceSnapshot next);
@@ -462,7 +460,7 @@ absl::StatusOr<DeviceSnapshot> Agent::Impl::Build(const pci::Inventory& inventor
   if (options_.workload == Workload::kVmVgpu) return BuildVgpu(inventory);
   const pci::Selection selection = pci::Select(inventory, options_.policy);
   DeviceSnapshot next = BuildSnapshot(options_.paths, inventory, selection, names_, remembered_);
-  MarkFabric(next);
+  if (fabric_) MarkUnusable(next, [this](const std::string& id) { return fabric_->Unusable(id); });
   remembered_ = AdvertisedIds(next);
   return next;
 }
@@ -488,19 +486,6 @@ absl::StatusOr<DeviceSnapshot> Agent::Impl::BuildVgpu(const pci::Inventory& inve
   vgpu_problems_ = std::move(problems);
   vgpu_previous_ = built.snapshot;
   return std::move(built.snapshot);
-}
-
-void Agent::Impl::MarkFabric(DeviceSnapshot& snapshot) const {
-  if (!fabric_) return;
-  for (auto& [name, resource] : snapshot.resources) {
-    for (PluginDevice& device : resource.devices) {
-      if (!device.healthy) continue;
-      std::string reason = fabric_->Unusable(device.id);
-      if (reason.empty()) continue;
-      device.healthy = false;
-      device.unhealthy_reason = std::move(reason);
-    }
-  }
 }
 
 void Agent::Impl::FabricLoop() {

@@ -93,4 +93,16 @@ std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot) {
   return ids;
 }
 
+void MarkUnusable(DeviceSnapshot& snapshot, const std::function<std::string(const std::string& id)>& unusable) {
+  for (auto& [name, resource] : snapshot.resources) {
+    for (PluginDevice& device : resource.devices) {
+      if (!device.healthy) continue;
+      std::string reason = unusable(device.id);
+      if (reason.empty()) continue;
+      device.healthy = false;
+      device.unhealthy_reason = std::move(reason);
+    }
+  }
+}
+
 }  // namespace vfio_agent::plugin

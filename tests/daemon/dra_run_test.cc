@@ -1,7 +1,8 @@
 // `vfio-gpu-agent run --kubelet-api dra` as a process on the simulated 8x H200 node: it binds as always, then
 // serves the GPUs as a DRA driver (registered with kubelet-dra-sim, health stream, ResourceSlices on the fake API
 // server) and never starts the device plugin; with --bind-on-prepare it binds nothing at start; on a vm-vgpu node it
-// publishes the vGPUs and binds nothing.
+// publishes the vGPUs and binds nothing; with --fabric-manager it publishes Fabric Manager's state as the device
+// plugin's mode does (events, metrics, fabric.reachable).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -10,6 +11,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "absl/strings/str_cat.h"
+#include "fabric_fixture.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
@@ -22,6 +26,7 @@ namespace {
 
 using plugin::testing::kH200Gpus;
 using plugin::testing::Node;
+using vfio_agent::testing::Module;
 
 constexpr char kDraDriver[] = "gpu.vfio-agent.cozystack.io";
 
@@ -72,6 +77,29 @@ struct DraNode {
     for (const auto& entry : std::filesystem::directory_iterator(node->kubelet_dir())) {
       EXPECT_FALSE(entry.path().filename().string().starts_with("kubevirt-")) << entry.path();
     }
+  }
+
+  // The stored Events with this reason whose note holds `about`.
+  std::vector<std::string> EventNotes(const std::string& reason, const std::string& about) const {
+    std::vector<std::string> notes;
+    auto events = api->Events();
+    if (!events.ok()) return notes;
+    for (const nlohmann::json& event : *events) {
+      const std::string note = event.value("note", "");
+      if (event.value("reason", "") == reason && note.find(about) != std::string::npos) notes.push_back(note);
+    }
+    return notes;
+  }
+
+  // node-a's GPUPassthroughReady condition holds this status and reason.
+  bool ConditionIs(const std::string& status, const std::string& reason) const {
+    auto node = api->Node("node-a");
+    if (!node.ok()) return false;
+    for (const auto& c : (*node)["status"].value("conditions", nlohmann::json::array())) {
+      if (c.value("type", "") != "GPUPassthroughReady") continue;
+      return c.value("status", "") == status && c.value("reason", "") == reason;
+    }
+    return false;
   }
 
   // Every GPU healthy on the health stream, under its address-derived name.
@@ -156,6 +184,107 @@ TEST(DraRunTest, WithBindOnPrepareNothingIsBoundAtStartAndEveryGpuIsPublishedHea
     EXPECT_NE(event.value("reason", ""), "DeviceLost") << event.dump();
     EXPECT_NE(event.value("reason", ""), "DeviceRecovered") << event.dump();
   }
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+}
+
+// HGX shared-NVSwitch mode with DRA: the fake Fabric Manager of tests/fabric (its state file into `fm`) behind the
+// agent; `mode` is FM's at start.
+void StartWithFabricManager(DraNode& dra, std::filesystem::path* fm, const std::string& mode = "shared") {
+  ASSERT_NO_FATAL_FAILURE(dra.Create("hgx-h200-8gpu.json"));
+  *fm = vfio_agent::testing::MakeFakeFm(dra.dir / "fm");
+  vfio_agent::testing::UpdateFakeFm(*fm, [&](vfio_agent::testing::FakeFmState& state) { state.mode = mode; });
+  ASSERT_NO_FATAL_FAILURE(dra.Run({"--fabric-manager", "unix:" + fm->string(), "--fabric-library", FAKE_NVFM_LIBRARY,
+                                   "--fabric-interval", "50", "--registration-grace", "300"}));
+}
+
+// A claim's partition is announced as the device plugin's Allocate announces it (PartitionActivated naming the
+// partition, its GPUs and here the claim) and counted; Unprepare's release likewise (PartitionReleased).
+TEST(DraRunTest, WithFabricManagerAClaimsPartitionIsAnEventAndCountedWhenActivatedAndReleased) {
+  DraNode dra;
+  std::filesystem::path fm;
+  ASSERT_NO_FATAL_FAILURE(StartWithFabricManager(dra, &fm));
+  EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric{value=\"partitions_supported\"} 15")) << dra.run->Metrics();
+
+  // Modules 1 and 2: the pair partition P3.
+  nlohmann::json results = nlohmann::json::array();
+  for (uint32_t module : {1u, 2u}) {
+    results.push_back({{"request", absl::StrCat("gpu-", module)}, {"driver", kDraDriver}, {"pool", "node-a"},
+                       {"device", dra::DeviceName(Module(module))}});
+  }
+  const nlohmann::json claim = {{"metadata", {{"namespace", "vms"}, {"name", "vm"}, {"uid", "uid-1"}}},
+                                {"spec", {{"devices", {{"requests", nlohmann::json::array()}}}}},
+                                {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
+  ASSERT_TRUE(dra.api->Control("claim " + claim.dump()).ok());
+  auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-1").error(), "");
+  EXPECT_EQ(vfio_agent::testing::SnapshotFakeFm(fm).active, std::set<uint32_t>{3});
+  const std::string p3 = absl::StrCat("P3 [", Module(1), ",", Module(2), "]");  // PCI order
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("PartitionActivated", "of claim vms/vm (uid-1)").empty(); }))
+      << dra.run->Log();
+  EXPECT_THAT(dra.EventNotes("PartitionActivated", ""),
+              ::testing::ElementsAre(absl::StrCat("Fabric Manager partition ", p3, " active for the GPUs [", Module(1),
+                                                  ",", Module(2), "] of claim vms/vm (uid-1)")));
+  EXPECT_TRUE(dra.run->WaitMetric(
+      "vfio_gpu_agent_fabric_partition_activations_total{fm_status=\"FM_ST_SUCCESS\",result=\"ok\"} 1"))
+      << dra.run->Metrics();
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric{value=\"partitions_active\"} 1")) << dra.run->Metrics();
+
+  auto unprepared = dra.kubelet->Unprepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(unprepared.ok()) << unprepared.status();
+  EXPECT_EQ(unprepared->claims().at("uid-1").error(), "");
+  EXPECT_TRUE(vfio_agent::testing::SnapshotFakeFm(fm).active.empty());
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("PartitionReleased", "").empty(); })) << dra.run->Log();
+  EXPECT_THAT(dra.EventNotes("PartitionReleased", ""),
+              ::testing::ElementsAre(absl::StrCat("Fabric Manager partition ", p3,
+                                                  " deactivated: claim vms/vm (uid-1) released its GPUs")));
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric_partition_releases_total 1")) << dra.run->Metrics();
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric{value=\"partitions_active\"} 0")) << dra.run->Metrics();
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+}
+
+// Fabric Manager still initialising keeps a DRA node not ready on fabric.reachable (FabricManagerNotReady once the
+// grace is over) with every GPU published Unhealthy, as in device-plugin mode; FM answering clears both. A GPU FM
+// later drops from every partition is a lost device.
+TEST(DraRunTest, WithFabricManagerNotAnsweringTheNodeIsNotReadyOnFabricReachableUntilItAnswers) {
+  DraNode dra;
+  std::filesystem::path fm;
+  ASSERT_NO_FATAL_FAILURE(StartWithFabricManager(dra, &fm, "not-configured"));
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_not_ready{check=\"fabric.reachable\"} 1")) << dra.run->Metrics();
+  EXPECT_TRUE(WaitUntil([&] { return dra.ConditionIs("False", "FabricManagerNotReady"); })) << dra.run->Log();
+  EXPECT_EQ(dra.run->Check(), std::optional<bool>(false));
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric{value=\"connected\"} 0")) << dra.run->Metrics();
+  EXPECT_TRUE(WaitUntil([&] {
+    auto health = dra.kubelet->LatestHealth(kDraDriver);
+    if (!health || health->devices_size() != static_cast<int>(kH200Gpus.size())) return false;
+    for (const auto& device : health->devices()) {
+      if (device.health() != ::v1alpha1::UNHEALTHY) return false;
+    }
+    return true;
+  })) << dra.run->Log();
+
+  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.mode = "shared"; });
+  EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] { return dra.ConditionIs("True", "AllDevicesReady"); })) << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] { return dra.AllHealthy(); })) << dra.run->Log();
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_fabric{value=\"connected\"} 1")) << dra.run->Metrics();
+
+  // Every partition holding module 1 unsupported (a degraded board): that GPU alone is unhealthy, as the device
+  // plugin advertises it: DeviceLost, dra.healthy, and back.
+  vfio_agent::testing::UpdateFakeFm(fm,
+                                    [](vfio_agent::testing::FakeFmState& state) { state.unsupported = {0, 1, 3, 7}; });
+  EXPECT_TRUE(WaitUntil([&] { return dra.ConditionIs("False", "DeviceUnhealthy"); })) << dra.run->Log();
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_not_ready{check=\"dra.healthy\"} 1")) << dra.run->Metrics();
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("DeviceLost", "").empty(); })) << dra.run->Log();
+  EXPECT_THAT(dra.EventNotes("DeviceLost", ""),
+              ::testing::ElementsAre(::testing::HasSubstr(
+                  Module(1) + " nvidia.com/GH100_H200_SXM_141GB unhealthy: in no supported Fabric Manager partition")));
+  vfio_agent::testing::UpdateFakeFm(fm, [](vfio_agent::testing::FakeFmState& state) { state.unsupported.clear(); });
+  EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("DeviceRecovered", Module(1)).empty(); })) << dra.run->Log();
   const int status = dra.run->SignalAndWait(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }

@@ -2,11 +2,14 @@
 // libnvfm of tests/fabric (module ids out of PCI order, its 15 partitions), claims read from the fake API server,
 // Prepare/Unprepare called by kubelet-dra-sim. What Fabric Manager holds is read from the fake's state file.
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <sstream>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "claim_fixture.h"
 #include "driver_start.h"
 #include "fabric_fixture.h"
@@ -32,6 +35,48 @@ using namespace std::chrono_literals;
 
 constexpr char kDriver[] = "gpu.vfio-agent.cozystack.io";
 constexpr char kNode[] = "node-a";  // the node kube-api-sim serves
+
+// What the driver tells its host (`run` makes events and metrics of it), one line a call.
+class RecordingObserver final : public FabricObserver {
+ public:
+  void OnClaimPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus,
+                                 const std::string& claim) override {
+    Add(absl::StrCat("activated P", partition.id, " [", absl::StrJoin(for_gpus, ","), "] for ", claim));
+  }
+  void OnPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>&) override {
+    Add(absl::StrCat("activated P", partition.id, " for no claim"));
+  }
+  void OnPartitionDeactivated(const fabric::Partition& partition, const std::string& why) override {
+    Add(absl::StrCat("deactivated P", partition.id, ": ", why));
+  }
+  void OnActivationFailed(const std::vector<std::string>& gpus, const std::string& fm_status,
+                          const std::string&) override {
+    Add(absl::StrCat("failed [", absl::StrJoin(gpus, ","), "]: ", fm_status));
+  }
+  void OnFabricWarning(const std::string& reason, const std::string&) override { Add("warning " + reason); }
+  void OnFabricStateChanged() override {
+    std::lock_guard lock(mu_);
+    ++state_changes_;
+  }
+
+  std::vector<std::string> Notes() const {
+    std::lock_guard lock(mu_);
+    return notes_;
+  }
+  int StateChanges() const {
+    std::lock_guard lock(mu_);
+    return state_changes_;
+  }
+
+ private:
+  void Add(std::string note) {
+    std::lock_guard lock(mu_);
+    notes_.push_back(std::move(note));
+  }
+  mutable std::mutex mu_;
+  std::vector<std::string> notes_;
+  int state_changes_ = 0;
+};
 
 class DraFabricTest : public claimtest::ClaimApiTest {
  protected:
@@ -68,6 +113,7 @@ class DraFabricTest : public claimtest::ClaimApiTest {
     options.fabric.address = "unix:" + fm_.string();
     options.fabric_library = FAKE_NVFM_LIBRARY;
     options.fabric_interval = 50ms;
+    options.fabric_observer = &observer_;
     return options;
   }
 
@@ -132,7 +178,50 @@ class DraFabricTest : public claimtest::ClaimApiTest {
     return devices;
   }
 
+  // device name -> "HEALTHY" or "UNHEALTHY: <reason>" as the kubelet last heard it, and "tainted" when the node's
+  // slice carries the device's NoSchedule taint.
+  std::map<std::string, std::string> Health() const {
+    std::map<std::string, std::string> health;
+    if (auto latest = kubelet_->LatestHealth(kDriver)) {
+      for (const auto& device : latest->devices()) {
+        health[device.device().device_name()] = ::v1alpha1::HealthStatus_Name(device.health()) +
+                                                (device.message().empty() ? "" : ": " + device.message());
+      }
+    }
+    auto slices = api_->Slices();
+    if (!slices.ok() || !slices->is_array()) return health;
+    for (const Json& slice : *slices) {
+      for (const Json& device : slice["spec"].value("devices", Json::array())) {
+        for (const Json& taint : device.value("taints", Json::array())) {
+          if (taint.value("key", "") == absl::StrCat(kDriver, "/unhealthy") &&
+              taint.value("effect", "") == "NoSchedule") {
+            health[device.value("name", "")] += " tainted";
+          }
+        }
+      }
+    }
+    return health;
+  }
+  // Every GPU's entry of Health() as `of(module)` says: "HEALTHY" (and untainted), or the start of an unhealthy one
+  // ("UNHEALTHY: <reason>"), which must be tainted too.
+  bool HealthIs(const std::function<std::string(uint32_t module)>& of) const {
+    return testing::WaitUntil([&] {
+      const std::map<std::string, std::string> health = Health();
+      if (health.size() != 8) return false;
+      for (uint32_t module = 1; module <= 8; ++module) {
+        auto it = health.find(DeviceName(Module(module)));
+        const std::string want = of(module);
+        if (it == health.end()) return false;
+        const bool ok = want == "HEALTHY" ? it->second == want
+                                          : it->second.starts_with(want) && it->second.ends_with(" tainted");
+        if (!ok) return false;
+      }
+      return true;
+    });
+  }
+
   std::filesystem::path fm_;
+  RecordingObserver observer_;
   std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KubeletDraSim> kubelet_;
@@ -274,6 +363,54 @@ TEST_F(DraFabricTest, AClaimDeletedWhileTheAgentWasDownHasItsPartitionReleased) 
   EXPECT_TRUE(testing::WaitUntil([&] { return !std::filesystem::exists(Checkpoint("uid-gone")); }));
   EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-gone")));
   EXPECT_TRUE(std::filesystem::exists(Checkpoint("uid-kept")));
+}
+
+// `run` turns what the driver tells it into the device plugin's events and metrics: each activation with the claim
+// it is for, each release with the claim that let it go (from the checkpoint after a restart), and FM's refusals.
+TEST_F(DraFabricTest, TheHostHearsEachActivationAndReleaseWithItsClaim) {
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(4), Module(3)});
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  const std::string pair = absl::StrCat(Module(3), ",", Module(4));  // PCI order
+  // Told before Prepare answers.
+  EXPECT_EQ(observer_.Notes(), std::vector<std::string>{"activated P4 [" + pair + "] for claim vms/pair (uid-pair)"});
+  ASSERT_EQ(Unprepare("pair", "uid-pair"), "");
+  EXPECT_EQ(observer_.Notes().back(), "deactivated P4: claim vms/pair (uid-pair) released its GPUs");
+
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.fail[5] = -10; });  // FM_ST_NVLINK_ERROR
+  AddClaim("broken", "uid-broken", {Module(5), Module(6)});
+  EXPECT_NE(Prepare("broken", "uid-broken"), "");
+  EXPECT_EQ(observer_.Notes().back(), absl::StrCat("failed [", Module(5), ",", Module(6), "]: FM_ST_NVLINK_ERROR"));
+
+  AddClaim("gone", "uid-gone", {Module(1), Module(2)});
+  ASSERT_EQ(Prepare("gone", "uid-gone"), "");
+  StopDriver();
+  ASSERT_TRUE(api_->Control("delete-claim vms gone").ok());
+  StartDriver();
+  ASSERT_TRUE(FmActive({}));
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return observer_.Notes().back() == "deactivated P3: claim vms/gone (uid-gone) released its GPUs";
+  })) << observer_.Notes().back();
+}
+
+// The device plugin's rule: a GPU Fabric Manager cannot vouch for (FM not usable, or the GPU in no supported
+// partition) is Unhealthy, on the health stream and as the slice's NoSchedule taint, and healthy again with FM.
+TEST_F(DraFabricTest, AGpuFabricManagerCannotVouchForIsPublishedUnhealthyAndTainted) {
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "not-configured"; });
+  StartDriver();
+  EXPECT_TRUE(HealthIs([](uint32_t) { return "UNHEALTHY: Fabric Manager at unix:"; })) << Health().begin()->second;
+  const int changes = observer_.StateChanges();
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "shared"; });
+  EXPECT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; })) << Health().begin()->second;
+  EXPECT_GT(observer_.StateChanges(), changes);  // `run` looks at its readiness again
+
+  // Every partition holding module 1 (P0, P1, the pair P3, its own P7) unsupported: module 1 alone is unusable.
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.unsupported = {0, 1, 3, 7}; });
+  EXPECT_TRUE(HealthIs([](uint32_t module) {
+    return module == 1 ? "UNHEALTHY: in no supported Fabric Manager partition" : "HEALTHY";
+  })) << Health()[DeviceName(Module(1))];
+  testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.unsupported.clear(); });
+  EXPECT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; }));
 }
 
 }  // namespace

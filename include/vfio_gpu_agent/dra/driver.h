@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,17 @@ using ClaimGetter =
 // Makes the node's ResourceSlices hold these devices (kube::ResourceSlicePublisher::Publish). Called from one
 // thread at a time.
 using SlicePublisher = std::function<absl::StatusOr<kube::PublishResult>(std::vector<kube::SliceDevice> devices)>;
+
+// What the driver tells its host about Fabric Manager (`run`: the device plugin's events and metrics). It hears what
+// the device plugin's fabric::FabricObserver hears (FM's state, a failed activation, an overlapping partition taken
+// back), except that a claim's partition is announced with the claim it is active for, and its release says which
+// claim let it go. Called without the driver's locks held.
+class FabricObserver : public fabric::FabricObserver {
+ public:
+  // `claim` is "claim <namespace>/<name> (<uid>)".
+  virtual void OnClaimPartitionActivated(const fabric::Partition& partition, const std::vector<std::string>& for_gpus,
+                                         const std::string& claim) = 0;
+};
 
 struct DriverOptions {
   std::string driver_name{kDefaultDriverName};
@@ -89,6 +101,7 @@ struct DriverOptions {
   std::filesystem::path fabric_library = "libnvfm.so.1";
   // How often Fabric Manager is read (its restarts followed, the attributes republished when its partitions change).
   std::chrono::milliseconds fabric_interval{5000};
+  FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the driver
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).
@@ -128,6 +141,11 @@ class Driver {
   // Slice publications that wrote something, and the last publication's error ("" when it succeeded).
   int SliceWrites() const;
   std::string SliceError() const;
+  // nullopt without --fabric-manager.
+  std::optional<fabric::FabricStatus> Fabric() const;
+  // Why Fabric Manager keeps the GPU from being published healthy now ("" when it does not): the device plugin's rule
+  // (fabric::PartitionManager::Unusable).
+  std::string FabricUnusable(const std::string& bdf) const;
 
  private:
   class Impl;

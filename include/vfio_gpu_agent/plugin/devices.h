@@ -3,6 +3,7 @@
 // A later DRA front-end can reuse it unchanged.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -80,6 +81,10 @@ DeviceSnapshot BuildSnapshot(const HostPaths& paths, const pci::Inventory& inven
 
 // Ids of every device of every resource (the `remembered` input of the next build).
 std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot);
+
+// Shared-NVSwitch mode: a healthy device `unusable` gives a reason for (Fabric Manager does not vouch for it:
+// fabric::PartitionManager::Unusable) becomes Unhealthy with that reason; in the VM its CUDA would fail (error 802).
+void MarkUnusable(DeviceSnapshot& snapshot, const std::function<std::string(const std::string& id)>& unusable);
 
 // The config-space probe used for health (the rule itself lives in pci/vfio_health.h, shared with src/dra).
 using pci::ReadConfigVendor;
