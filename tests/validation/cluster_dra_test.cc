@@ -167,6 +167,25 @@ class ClusterDraTest : public ::testing::Test {
   }
   std::vector<Check> SliceChecks() { return NodeChecks(/*bind_on_prepare=*/false, {Layer::kKubelet}); }
 
+  // dra.slices of this node as a vm-vgpu node (the vGPUs the driver serves), with the slices holding `published`.
+  Check VgpuSlices(const std::vector<std::string>& published) {
+    auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
+    EXPECT_TRUE(inventory.ok()) << inventory.status();
+    const pci::Selection selection = pci::Select(*inventory, {});
+    const vgpu::Discovery discovery = DiscoverVgpusReadOnly(tree_.root(), *inventory, dir_.path() / "vgpu-catalog.txt");
+    const VgpuView view{.discovery = &discovery};
+    const NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection,
+                        .expected = nullptr, .workload = Workload::kVmVgpu, .vgpu = &view};
+    std::vector<kube::SliceDevice> devices;
+    for (const std::string& name : published) devices.push_back({.name = name});
+    EXPECT_TRUE(publisher_->Publish(devices).ok());
+    const DraValidation dra = Dra();
+    const names::NameResolver names(nullptr, "nvidia.com", {});
+    const std::vector<Check> checks = DraSliceChecks(ExpectedDraDevices(node, dra, names, nullptr), dra);
+    const Check* slices = FindDraCheck(checks, "dra.slices");
+    return slices != nullptr ? *slices : Check{};
+  }
+
   // `vfio-gpu-agent validate --json <args>` on this node: its exit code and report.
   std::pair<int, Json> RunValidate(const std::string& args) {
     const std::string command = absl::StrCat("env -u KUBERNETES_SERVICE_HOST ", VA_AGENT_BIN, " validate --sysfs-root ",
@@ -445,48 +464,63 @@ TEST_F(ClusterDraTest, VgpuSlicesAreComparedWithTheVgpusTheDriverServes) {
   constexpr char kT4[] = "0000:3b:00.0";
   const std::string uuid_a = "0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b01";
   const std::string uuid_b = "0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b02";
+  const std::string stale = dra::MdevDeviceName("0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b09");
   tree_.AddDevice({.bdf = kT4, .device = 0x1eb8, .driver = "nvidia", .iommu_group = 30});
   tree_.AddMdevParent(kT4, {{.id = "nvidia-222", .name = "GRID T4-1Q", .available_instances = 14}});
   tree_.AddMdev({.uuid = uuid_a, .parent = kT4, .type_id = "nvidia-222", .iommu_group = 100});
   tree_.AddMdev({.uuid = uuid_b, .parent = kT4, .type_id = "nvidia-222", .iommu_group = 101});
   for (int group : {100, 101}) std::ofstream(options_.paths.VfioDir() / std::to_string(group));
-  auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
-  ASSERT_TRUE(inventory.ok()) << inventory.status();
-  const pci::Selection selection = pci::Select(*inventory, {});
-  const vgpu::Discovery discovery = DiscoverVgpusReadOnly(tree_.root(), *inventory, dir_.path() / "vgpu-catalog.txt");
-  const VgpuView view{.discovery = &discovery};
-  const NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection, .expected = nullptr,
-                      .workload = Workload::kVmVgpu, .vgpu = &view};
-  const names::NameResolver names(nullptr, "nvidia.com", {});
-  auto slices_with = [&](const std::vector<std::string>& devices) {
-    std::vector<kube::SliceDevice> published;
-    for (const std::string& name : devices) published.push_back({.name = name});
-    EXPECT_TRUE(publisher_->Publish(published).ok());
-    const DraValidation dra = Dra();
-    return *FindDraCheck(DraSliceChecks(ExpectedDraDevices(node, dra, names, nullptr), dra), "dra.slices");
-  };
   StartApi({}, ClassesFor(options_.driver_name));
   if (!api_) return;
 
-  Check slices = slices_with({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b)});
+  Check slices = VgpuSlices({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b)});
   EXPECT_EQ(slices.result, Result::kPass) << slices.message << "\n" << DraEvidence(slices);
   EXPECT_THAT(slices.message, HasSubstr("2 vGPU(s)"));
 
-  slices = slices_with({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName("0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b09")});
+  slices = VgpuSlices({dra::MdevDeviceName(uuid_a), stale});
   EXPECT_EQ(slices.result, Result::kFail);
   EXPECT_THAT(slices.message, HasSubstr("not published: " + dra::MdevDeviceName(uuid_b)));
 
-  slices = slices_with({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b),
-                        dra::MdevDeviceName("0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b09")});
+  slices = VgpuSlices({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b), stale});
   EXPECT_EQ(slices.result, Result::kFail);
-  EXPECT_THAT(slices.message, HasSubstr("published but not a vGPU the driver serves here: mdev-0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b09"));
+  EXPECT_THAT(slices.message, HasSubstr("published but not a vGPU the driver serves here: " + stale));
 
   // An agent serving whole GPUs on this node.
-  slices = slices_with({dra::DeviceName(kT4)});
+  slices = VgpuSlices({dra::DeviceName(kT4)});
   EXPECT_EQ(slices.result, Result::kFail);
   EXPECT_THAT(slices.message, HasSubstr("published whole GPUs (" + dra::DeviceName(kT4) + ") instead of"));
   EXPECT_THAT(slices.message, HasSubstr(dra::MdevDeviceName(uuid_a)));
   EXPECT_THAT(slices.fix, HasSubstr("--workload vm-vgpu"));
+}
+
+// SR-IOV vGPUs: a VF with a vGPU type is vgpu-<VF address>; a VF without one is not served, so not expected.
+TEST_F(ClusterDraTest, SriovVgpuSlicesAreNamedFromTheirVfs) {
+  constexpr char kL40s[] = "0000:5e:00.0";
+  constexpr char kTyped[] = "0000:5e:00.4";
+  constexpr char kUntyped[] = "0000:5e:00.5";
+  const std::vector<vfio_agent::testing::FakeVgpuType> types = {{.id = 1157, .name = "NVIDIA L40S-4Q"}};
+  tree_.AddDevice({.bdf = kL40s, .device = 0x26b9, .driver = "nvidia", .iommu_group = 40});
+  tree_.SetVgpuCatalog(kL40s, types);
+  for (const auto& [vf, group] : {std::pair{kTyped, 41}, std::pair{kUntyped, 42}}) {
+    tree_.AddDevice({.bdf = vf, .device = 0x26b9, .driver = "nvidia", .iommu_group = group, .physfn = kL40s});
+    tree_.SetVgpuCatalog(vf, types);
+    std::ofstream(options_.paths.VfioDir() / std::to_string(group));
+  }
+  tree_.SetCurrentVgpuType(kTyped, 1157);
+  tree_.SetCurrentVgpuType(kUntyped, 0);
+  StartApi({}, ClassesFor(options_.driver_name));
+  if (!api_) return;
+
+  Check slices = VgpuSlices({dra::VfDeviceName(kTyped)});
+  EXPECT_EQ(slices.result, Result::kPass) << slices.message << "\n" << DraEvidence(slices);
+
+  slices = VgpuSlices({dra::VfDeviceName(kTyped), dra::VfDeviceName(kUntyped)});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("published but not a vGPU the driver serves here: vgpu-0000-5e-00-5"));
+
+  slices = VgpuSlices({});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("not published: vgpu-0000-5e-00-4"));
 }
 
 }  // namespace
