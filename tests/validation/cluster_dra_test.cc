@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
+#include "support/holding_process.h"
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
 #include "vfio_gpu_agent/dra/checkpoint.h"
@@ -392,6 +393,28 @@ TEST_F(ClusterDraTest, BindOnPrepareGpusOnTheirHostDriverPassAndMatchTheirSlices
   EXPECT_EQ(health->result, Result::kWarn) << health->message;
   EXPECT_THAT(health->message, HasSubstr(dra::DeviceName(kGpus[0]) + " untainted, unhealthy here (driver nvidia)"));
   EXPECT_THAT(health->fix, HasSubstr("--bind-on-prepare (validate had it off)"));
+}
+
+// What would make a Prepare's bind fail now is said before a VM asks: a process holding nvidia. A GPU that nvidia's
+// runtime power management parked in D3cold is fine (the bind wakes it), as the driver judges it.
+TEST_F(ClusterDraTest, BindOnPrepareAHolderOfNvidiaWarnsAndD3coldOnTheHostDriverPasses) {
+  GpusOnNvidia();
+  tree_.WriteAttribute(kGpus[1], "power_state", "D3cold");
+  std::filesystem::create_directories(options_.paths.dev_root);
+  std::ofstream(options_.paths.dev_root / "nvidia0");
+  options_.paths.proc_root = "/proc";  // the holder is this test's own child
+  const vfio_agent::testing::HoldingProcess holder(options_.paths.dev_root / "nvidia0");
+  std::vector<Check> checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  const Check* driver = FindDraCheck(checks, "device.driver", kGpus[0]);
+  ASSERT_NE(driver, nullptr);
+  EXPECT_EQ(driver->result, Result::kWarn) << driver->message;
+  EXPECT_THAT(driver->message, HasSubstr(absl::StrCat("pid ", holder.pid())));
+  EXPECT_THAT(driver->message, HasSubstr("a claim's Prepare would fail"));
+  EXPECT_THAT(driver->fix, HasSubstr("vfio-gpu-agent bind --device " + kGpus[0]));
+  EXPECT_EQ(FindDraCheck(checks, "device.power_state", kGpus[1])->result, Result::kPass);
+
+  checks = NodeChecks(/*bind_on_prepare=*/false, {Layer::kDevices});
+  EXPECT_EQ(FindDraCheck(checks, "device.power_state", kGpus[1])->result, Result::kWarn);
 }
 
 // A prepared claim's groups belong on vfio-pci: its GPU back on nvidia fails, naming the claim; a checkpoint of
