@@ -128,7 +128,8 @@ std::vector<std::string> NvidiaHolderNames(const NodeView& node, CheckBuilder& c
   if (!nvidia_holders) nvidia_holders = binding::NvidiaHolders(node.paths);
   std::vector<std::string> holders;
   for (const binding::Holder& holder : *nvidia_holders) holders.push_back(holder.ToString());
-  check.Saw(absl::StrCat((node.paths.proc_root / "*/fd").string(), ", ", (node.paths.sysfs_root / "module/nvidia*").string()),
+  check.Saw(absl::StrCat((node.paths.proc_root / "*/fd").string(), ", ",
+                         (node.paths.sysfs_root / "module/nvidia*").string()),
             holders.empty() ? "nothing holds /dev/nvidia*" : absl::StrJoin(holders, "; "));
   return holders;
 }
@@ -168,7 +169,7 @@ Check DeviceDriver(const NodeView& node, const pci::Function& fn,
     check.Saw(node.bind_on_prepare->value().dir.string(), absl::StrCat("held by claim ", claim));
   }
   if (pci::IsVfioDriver(fn.driver)) {
-    return check.Pass(claim.empty() ? absl::StrCat("on ", fn.driver) : absl::StrCat("on ", fn.driver, " for claim ", claim));
+    return check.Pass(absl::StrCat("on ", fn.driver, claim.empty() ? "" : absl::StrCat(" for claim ", claim)));
   }
   std::string fix = absl::StrCat("vfio-gpu-agent bind --device ", fn.bdf, " (moves its whole IOMMU group to vfio-pci)");
   if (!claim.empty()) {
@@ -187,7 +188,8 @@ Check DeviceDriver(const NodeView& node, const pci::Function& fn,
                                    " holds it: its VM cannot open the group (not on vfio-pci or a vfio variant driver)"),
                       fix);
   }
-  return check.Fail(absl::StrCat(on, ", not on vfio-pci or a vfio variant driver: KubeVirt cannot pass it through"), fix);
+  return check.Fail(absl::StrCat(on, ", not on vfio-pci or a vfio variant driver: KubeVirt cannot pass it through"),
+                    fix);
 }
 
 Check SriovMode(const NodeView& node, const pci::Function& fn) {

@@ -165,7 +165,8 @@ TEST_F(BindOnPrepareTest, AClaimBindsItsWholeGroupAndUnprepareReturnsEachFunctio
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->claims.size(), 1u);
   EXPECT_EQ(read->claims[0].ref, "vms/claim-uid-1 (uid-1)");
-  EXPECT_THAT(read->claims[0].bdfs, ::testing::ElementsAre("0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"));
+  EXPECT_THAT(read->claims[0].bdfs,
+              ::testing::ElementsAre("0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"));
 
   ASSERT_EQ(Unprepare("uid-1"), "");
   ExpectOn(kQuadroGroup);

@@ -90,7 +90,8 @@ class ClusterDraTest : public ::testing::Test {
   }
 
   // A checkpoint file as the driver writes it for a claim holding `bdfs` (tests/dra checks the driver's own).
-  void WriteCheckpoint(const std::string& uid, const std::vector<std::string>& bdfs, const std::string& boot = "boot-1") {
+  void WriteCheckpoint(const std::string& uid, const std::vector<std::string>& bdfs,
+                       const std::string& boot = "boot-1") {
     Json devices = Json::array();
     Json before = Json::object();
     for (const std::string& bdf : bdfs) {
@@ -147,7 +148,8 @@ class ClusterDraTest : public ::testing::Test {
   }
 
   // The devices layer and the DRA kubelet layer of this node, as `validate --kubelet-api dra` runs them.
-  std::vector<Check> NodeChecks(bool bind_on_prepare, std::set<Layer> layers = {Layer::kDevices, Layer::kKubelet}) {
+  std::vector<Check> NodeChecks(bool bind_on_prepare,
+                                const std::set<Layer>& layers = {Layer::kDevices, Layer::kKubelet}) {
     auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
     EXPECT_TRUE(inventory.ok()) << inventory.status();
     const pci::Selection selection = pci::Select(*inventory, {});
@@ -177,8 +179,8 @@ class ClusterDraTest : public ::testing::Test {
     const VgpuView view{.discovery = &discovery};
     const NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection,
                         .expected = nullptr, .workload = Workload::kVmVgpu, .vgpu = &view};
-    std::vector<kube::SliceDevice> devices;
-    for (const std::string& name : published) devices.push_back({.name = name});
+    std::vector<kube::SliceDevice> devices(published.size());
+    for (size_t i = 0; i < published.size(); ++i) devices[i].name = published[i];
     EXPECT_TRUE(publisher_->Publish(devices).ok());
     const DraValidation dra = Dra();
     const names::NameResolver names(nullptr, "nvidia.com", {});
