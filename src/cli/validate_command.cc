@@ -127,9 +127,15 @@ absl::Status ReadAdmissionPolicyFromCluster(const ParsedCommand& cmd, std::chron
 absl::StatusOr<std::optional<validation::DraValidation>> DraFromFlags(const ParsedCommand& cmd,
                                                                       std::chrono::milliseconds timeout) {
   const std::string api = cmd.flags.Get("kubelet-api", "device-plugin");
+  if (api != "device-plugin" && api != "dra") {
+    return absl::InvalidArgumentError(absl::StrCat("--kubelet-api \"", api, "\": device-plugin or dra"));
+  }
+  if (api != "dra" && cmd.flags.GetBool("bind-on-prepare")) {
+    return absl::InvalidArgumentError("--bind-on-prepare is a policy of the DRA driver: it needs --kubelet-api dra");
+  }
   if (api == "device-plugin") return std::nullopt;
-  if (api != "dra") return absl::InvalidArgumentError(absl::StrCat("--kubelet-api \"", api, "\": device-plugin or dra"));
   validation::DraValidation dra;
+  dra.driver.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
   dra.driver.driver_name = cmd.flags.Get("dra-driver-name", dra.driver.driver_name);
   if (absl::Status name = dra::ValidateDriverName(dra.driver.driver_name); !name.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--dra-driver-name: ", name.message()));
@@ -181,6 +187,10 @@ std::vector<FlagSpec> ValidateFlags() {
       {"kubelet-plugins-dir", "DIR", "with --kubelet-api dra: the kubelet's plugins directory",
        "/var/lib/kubelet/plugins"},
       {"cdi-dir", "DIR", "with --kubelet-api dra: the CDI spec directory", "/var/run/cdi"},
+      {"bind-on-prepare", "",
+       "with --kubelet-api dra, as the agent runs: GPUs stay on their host driver until a claim's Prepare binds "
+       "them, so the devices layer wants on vfio-pci only the groups a prepared claim holds (the driver's checkpoint)",
+       "off"},
       {"node-name", "NAME", "with --kubelet-api dra: the node whose ResourceSlices are read", "$NODE_NAME"},
       {"state-dir", "DIR", "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of "
                            "full SR-IOV cards (read, never written)", "/var/lib/vfio-gpu-agent"},
@@ -214,7 +224,8 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "the host driver. Without --fabric-manager it is skipped.\n"
           "On a DRA node (--kubelet-api dra) the plugin and kubelet layers check the DRA driver instead: its\n"
           "registration socket, the kubelet's answer, the CDI directory, the node's ResourceSlices and a DeviceClass;\n"
-          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes).\n"
+          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes). With\n"
+          "--bind-on-prepare a GPU on its host driver passes the devices layer unless a prepared claim holds it.\n"
           "With --workload vm-vgpu the vgpu layer replaces devices: GPUs on nvidia, the vGPU manager, one\n"
           "framework, SR-IOV VFs enabled, every vGPU named, the profiles of --vgpu-config-file; the plugin and\n"
           "kubelet layers expect the vGPUs, the KubeVirt layer their permittedHostDevices entries, and --status-dir\n"

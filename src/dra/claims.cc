@@ -1,5 +1,6 @@
 #include "claims.h"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/pci/vfio_health.h"
 
@@ -156,6 +158,10 @@ std::set<std::string> BdfsOf(const PreparedClaim& claim) {
   return bdfs;
 }
 
+absl::StatusOr<std::string> ReadBootId(const HostPaths& paths) {
+  return fs::ReadTrimmed(paths.proc_root / "sys/kernel/random/boot_id");
+}
+
 }  // namespace
 
 void AddCdiNodes(const std::vector<std::string>& paths, cdi::v1::ContainerEdits* edits) {
@@ -188,22 +194,22 @@ ClaimPreparer::ClaimPreparer(const DriverOptions& options, FabricClaims* fabric)
 }
 
 std::filesystem::path ClaimPreparer::CheckpointFile(const std::string& uid) const {
-  return plugin_dir_ / "claims" / (uid + ".json");
+  return CheckpointDir(options_) / (uid + ".json");
 }
 
 absl::Status ClaimPreparer::Load() {
-  const std::filesystem::path boot_file = options_.paths.proc_root / "sys/kernel/random/boot_id";
-  absl::StatusOr<std::string> boot_id = fs::ReadTrimmed(boot_file);
+  absl::StatusOr<std::string> boot_id = ReadBootId(options_.paths);
   if (!boot_id.ok()) return boot_id.status();
   boot_id_ = *boot_id;
+  const std::filesystem::path dir = CheckpointDir(options_);
   std::error_code ec;
-  std::filesystem::create_directories(plugin_dir_ / "claims", ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("create ", (plugin_dir_ / "claims").string(), ": ", ec.message()));
-  absl::StatusOr<std::vector<std::string>> files = fs::ListDir(plugin_dir_ / "claims");
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("create ", dir.string(), ": ", ec.message()));
+  absl::StatusOr<std::vector<std::string>> files = fs::ListDir(dir);
   if (!files.ok()) return files.status();
   for (const std::string& file : *files) {
     if (!file.ends_with(".json")) continue;
-    const std::filesystem::path path = plugin_dir_ / "claims" / file;
+    const std::filesystem::path path = dir / file;
     absl::StatusOr<PreparedClaim> claim = ParseCheckpoint(path);
     if (!claim.ok()) {
       spdlog::warn("DRA checkpoint {}: {}; ignored", path.string(), std::string(claim.status().message()));
@@ -604,3 +610,39 @@ drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::Node
 }
 
 }  // namespace vfio_agent::dra::internal
+
+namespace vfio_agent::dra {
+
+std::filesystem::path CheckpointDir(const DriverOptions& options) {
+  return options.plugins_dir / options.driver_name / "claims";
+}
+
+absl::StatusOr<CheckpointRead> ReadCheckpoint(const DriverOptions& options) {
+  absl::StatusOr<std::string> boot_id = internal::ReadBootId(options.paths);
+  if (!boot_id.ok()) return boot_id.status();
+  CheckpointRead read{.dir = CheckpointDir(options)};
+  if (!fs::Exists(read.dir)) return read;
+  absl::StatusOr<std::vector<std::string>> files = fs::ListDir(read.dir);
+  if (!files.ok()) return files.status();
+  std::sort(files->begin(), files->end());
+  for (const std::string& file : *files) {
+    if (!file.ends_with(".json")) continue;
+    absl::StatusOr<internal::PreparedClaim> claim = internal::ParseCheckpoint(read.dir / file);
+    if (!claim.ok()) {
+      read.unreadable.push_back(absl::StrCat(file, ": ", claim.status().message()));
+      continue;
+    }
+    if (claim->boot_id != *boot_id) {
+      read.other_boot.push_back(file);
+      continue;
+    }
+    std::set<std::string> bdfs = internal::BdfsOf(*claim);
+    for (const auto& [bdf, driver] : claim->drivers_before_bind) bdfs.insert(bdf);
+    bdfs.erase("");  // an mdev vGPU has none
+    read.claims.push_back({.ref = absl::StrCat(claim->namespace_name, "/", claim->name, " (", claim->uid, ")"),
+                           .bdfs = {bdfs.begin(), bdfs.end()}});
+  }
+  return read;
+}
+
+}  // namespace vfio_agent::dra

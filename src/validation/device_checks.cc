@@ -70,6 +70,91 @@ std::string Describe(const pci::Function& fn) {
                       fn.driver.empty() ? "(no driver)" : fn.driver);
 }
 
+bool BindOnPrepare(const NodeView& node) { return node.bind_on_prepare != nullptr; }
+
+// --bind-on-prepare: the prepared claim (checkpoint) holding any of `bdfs`, which make up one IOMMU group: a claim
+// holds its devices' whole groups. "" when none does, or when the checkpoint could not be read (device.claims).
+std::string ClaimHolding(const NodeView& node, const std::vector<pci::Member>& group, const std::string& bdf) {
+  if (!BindOnPrepare(node) || !node.bind_on_prepare->ok()) return "";
+  for (const dra::CheckpointedClaim& claim : (*node.bind_on_prepare)->claims) {
+    for (const std::string& held : claim.bdfs) {
+      if (held == bdf || std::any_of(group.begin(), group.end(), [&](const pci::Member& m) { return m.bdf == held; })) {
+        return claim.ref;
+      }
+    }
+  }
+  return "";
+}
+
+std::string ClaimHolding(const NodeView& node, const pci::Function& fn) {
+  const pci::GroupAssessment* group = node.selection->GroupOf(fn);
+  return ClaimHolding(node, group != nullptr ? group->members : std::vector<pci::Member>{}, fn.bdf);
+}
+
+// --bind-on-prepare: which claims the checkpoint holds, i.e. which groups layer 2 wants on a vfio driver.
+Check PreparedClaims(const NodeView& node) {
+  const absl::StatusOr<dra::CheckpointRead>& read = *node.bind_on_prepare;
+  CheckBuilder check("device.claims", kDeviceLayer, "node");
+  if (!read.ok()) {
+    check.Saw("the DRA driver's checkpoint", std::string(read.status().message()));
+    return check.Warn("the checkpoint of prepared claims cannot be read: a GPU a claim holds but that left vfio-pci "
+                      "is not found",
+                      "give validate the agent's --kubelet-plugins-dir, --dra-driver-name and --proc-root");
+  }
+  std::vector<std::string> held;
+  for (const dra::CheckpointedClaim& claim : read->claims) {
+    held.push_back(absl::StrCat(claim.ref, ": ", absl::StrJoin(claim.bdfs, ",")));
+  }
+  check.Saw(read->dir.string(), held.empty() ? "no prepared claim" : absl::StrJoin(held, "; "));
+  if (!read->other_boot.empty()) {
+    check.Saw("of another boot (the agent discards them at its start)", absl::StrJoin(read->other_boot, ","));
+  }
+  const std::string message = absl::StrCat(
+      "--bind-on-prepare: ", read->claims.size(),
+      " prepared claim(s); only their IOMMU groups belong on vfio-pci, the other GPUs stay on their host drivers "
+      "until a claim's Prepare binds them");
+  if (!read->unreadable.empty()) {
+    check.Saw("unreadable", absl::StrJoin(read->unreadable, "; "));
+    return check.Warn(absl::StrCat(message, "; ", read->unreadable.size(), " checkpoint file(s) unreadable, so the "
+                                   "groups of those claims are judged as no claim's"),
+                      "the agent logs them at its start (\"DRA checkpoint\"); a file no agent wrote does not belong "
+                      "there");
+  }
+  return check.Pass(message);
+}
+
+std::vector<std::string> NvidiaHolderNames(const NodeView& node, CheckBuilder& check,
+                                           std::optional<std::vector<binding::Holder>>& nvidia_holders) {
+  if (!nvidia_holders) nvidia_holders = binding::NvidiaHolders(node.paths);
+  std::vector<std::string> holders;
+  for (const binding::Holder& holder : *nvidia_holders) holders.push_back(holder.ToString());
+  check.Saw(absl::StrCat((node.paths.proc_root / "*/fd").string(), ", ",
+                         (node.paths.sysfs_root / "module/nvidia*").string()),
+            holders.empty() ? "nothing holds /dev/nvidia*" : absl::StrJoin(holders, "; "));
+  return holders;
+}
+
+// --bind-on-prepare, a GPU no prepared claim holds: its host driver (or none) is where it belongs until a claim's
+// Prepare binds it, and a vfio driver is where a GPU on vfio at the agent's start stays. What would make that bind
+// fail now is said: processes holding nvidia (the Prepare names them and fails the claim after its bind budget).
+Check DeviceDriverUntilPrepare(const NodeView& node, const pci::Function& fn, CheckBuilder& check,
+                               std::optional<std::vector<binding::Holder>>& nvidia_holders) {
+  if (pci::IsVfioDriver(fn.driver)) {
+    return check.Pass(absl::StrCat("on ", fn.driver, ", held by no prepared claim (on vfio when the agent started: "
+                                                     "it stays there)"));
+  }
+  const std::string on = fn.driver.empty() ? "no driver" : absl::StrCat("on ", fn.driver);
+  if (fn.driver == "nvidia") {
+    if (std::vector<std::string> holders = NvidiaHolderNames(node, check, nvidia_holders); !holders.empty()) {
+      return check.Warn(absl::StrCat(on, " until a claim's Prepare binds it, but ", absl::StrJoin(holders, "; "),
+                                     " keep nvidia from letting go: a claim's Prepare would fail, naming them"),
+                        absl::StrCat("stop them before a VM claims this GPU (nvidia-persistenced, DCGM and CUDA "
+                                     "processes), or bind it now: vfio-gpu-agent bind --device ", fn.bdf));
+    }
+  }
+  return check.Pass(absl::StrCat(on, " until a claim's Prepare binds its IOMMU group (--bind-on-prepare)"));
+}
+
 // `nvidia_holders`: what keeps the nvidia driver busy (binding::NvidiaHolders), read once per run and only when a
 // selected function is on nvidia.
 Check DeviceDriver(const NodeView& node, const pci::Function& fn,
@@ -78,22 +163,32 @@ Check DeviceDriver(const NodeView& node, const pci::Function& fn,
   check.Saw((node.paths.PciDevice(fn.bdf) / "driver").string(), fn.driver.empty() ? "(none)" : fn.driver)
       .Saw((node.paths.PciDevice(fn.bdf) / "driver_override").string(),
            fn.driver_override.empty() ? "(null)" : fn.driver_override);
-  if (pci::IsVfioDriver(fn.driver)) return check.Pass(absl::StrCat("on ", fn.driver));
+  const std::string claim = ClaimHolding(node, fn);
+  if (BindOnPrepare(node)) {
+    if (claim.empty()) return DeviceDriverUntilPrepare(node, fn, check, nvidia_holders);
+    check.Saw(node.bind_on_prepare->value().dir.string(), absl::StrCat("held by claim ", claim));
+  }
+  if (pci::IsVfioDriver(fn.driver)) {
+    return check.Pass(absl::StrCat("on ", fn.driver, claim.empty() ? "" : absl::StrCat(" for claim ", claim)));
+  }
   std::string fix = absl::StrCat("vfio-gpu-agent bind --device ", fn.bdf, " (moves its whole IOMMU group to vfio-pci)");
+  if (!claim.empty()) {
+    fix = absl::StrCat("restart the claim's VM (the next Prepare binds its groups again), or ", fix);
+  }
   if (fn.driver == "nvidia") {
-    if (!nvidia_holders) nvidia_holders = binding::NvidiaHolders(node.paths);
-    std::vector<std::string> holders;
-    for (const binding::Holder& holder : *nvidia_holders) holders.push_back(holder.ToString());
-    check.Saw(absl::StrCat((node.paths.proc_root / "*/fd").string(), ", ",
-                           (node.paths.sysfs_root / "module/nvidia*").string()),
-              holders.empty() ? "nothing holds /dev/nvidia*" : absl::StrJoin(holders, "; "));
+    std::vector<std::string> holders = NvidiaHolderNames(node, check, nvidia_holders);
     absl::StrAppend(&fix, holders.empty() ? "" : absl::StrCat("; first stop ", absl::StrJoin(holders, "; ")),
                     " (nvidia-persistenced, DCGM and CUDA processes keep the driver from letting go)");
   } else if (fn.driver == "nouveau" || fn.driver == "nvidiafb") {
     absl::StrAppend(&fix, "; blacklist ", fn.driver, " (/etc/modprobe.d) so it cannot take the GPU at boot");
   }
-  return check.Fail(absl::StrCat(fn.driver.empty() ? "no driver" : absl::StrCat("on ", fn.driver),
-                                 ", not on vfio-pci or a vfio variant driver: KubeVirt cannot pass it through"),
+  const std::string on = fn.driver.empty() ? "no driver" : absl::StrCat("on ", fn.driver);
+  if (!claim.empty()) {
+    return check.Fail(absl::StrCat(on, " though prepared claim ", claim,
+                                   " holds it: its VM cannot open the group (not on vfio-pci or a vfio variant driver)"),
+                      fix);
+  }
+  return check.Fail(absl::StrCat(on, ", not on vfio-pci or a vfio variant driver: KubeVirt cannot pass it through"),
                     fix);
 }
 
@@ -147,6 +242,11 @@ Check PowerState(const NodeView& node, const pci::Function& fn) {
   const std::string state = internal::ReadPowerState(node.paths, fn.bdf);
   check.Saw((dir / "power_state").string(), state.empty() ? "(absent)" : state);
   if (state.empty()) return check.Pass("power_state not exposed by this kernel; config space left alone");
+  if (state == "D3cold" && BindOnPrepare(node) && !pci::IsVfioDriver(fn.driver)) {
+    // As the driver judges it: runtime PM of the host driver parks an idle GPU; vfio-pci's bind wakes it.
+    return check.Pass(absl::StrCat("D3cold under ", fn.driver.empty() ? "no driver" : fn.driver,
+                                   "'s power management until a claim's Prepare binds it; config space not read"));
+  }
   if (state == "D3cold") {
     const std::filesystem::path idle_d3 = node.paths.sysfs_root / "module/vfio_pci/parameters/disable_idle_d3";
     check.Saw((dir / "d3cold_allowed").string(), ReadForEvidence(dir / "d3cold_allowed"))
@@ -206,12 +306,20 @@ Check GroupViable(const NodeView& node, const pci::GroupAssessment& group) {
     (member.role == pci::Role::kCompanion ? companions : foreign).push_back(Describe(*fn));
   }
   check.Saw(dir.string(), absl::StrJoin(members, "; "));
+  // --bind-on-prepare: a group no claim holds is bound by the next claim's Prepare, companions included.
+  const bool until_prepare = BindOnPrepare(node) && ClaimHolding(node, group.members, "").empty();
   if (!foreign.empty()) {
     return check.Fail(
         absl::StrCat("not viable: foreign endpoint ", absl::StrJoin(foreign, ", "),
-                     " shares the group (no ACS isolation between them); VFIO refuses the group"),
+                     " shares the group (no ACS isolation between them); VFIO refuses the group",
+                     until_prepare ? ", so a claim's Prepare refuses its GPUs" : ""),
         "Move the GPU to a slot whose root port isolates it (ACS), enable ACS in the BIOS if offered, or pass the "
         "foreign device through too (unbind it from its driver); never use pcie_acs_override on a multi-tenant node");
+  }
+  if (!companions.empty() && until_prepare) {
+    return check.Pass(absl::StrCat("companion ", absl::StrJoin(companions, ", "),
+                                   " on a host driver until a claim's Prepare binds the group with its GPU; no foreign "
+                                   "endpoint"));
   }
   if (!companions.empty()) {
     return check.Fail(absl::StrCat("not viable: companion ", absl::StrJoin(companions, ", "), " is on a host driver"),
@@ -425,6 +533,7 @@ Check MmioWindow(const NodeView& node) {
 
 std::vector<Check> DeviceChecks(const NodeView& node) {
   std::vector<Check> checks;
+  if (BindOnPrepare(node)) checks.push_back(PreparedClaims(node));
   std::optional<std::vector<binding::Holder>> nvidia_holders;
   for (const std::string& bdf : node.selection->gpus) {
     const pci::Function* fn = node.inventory->Find(bdf);

@@ -13,7 +13,9 @@
 #include "kubevirt_cr.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
 #include "vfio_gpu_agent/dra/device_names.h"
+#include "vfio_gpu_agent/dra/devices.h"
 #include "vfio_gpu_agent/dra/registration_record.h"
+#include "vfio_gpu_agent/dra/vgpu_devices.h"
 
 namespace vfio_agent::validation {
 namespace {
@@ -133,26 +135,49 @@ std::string JsonString(const Json& object, const Json::json_pointer& pointer) {
   return object.contains(pointer) && object[pointer].is_string() ? object[pointer].get<std::string>() : "";
 }
 
-Check SlicesCheck(const NodeView& node, const DraValidation& dra) {
+Check SlicesCheck(const DraExpectedDevices& expected_devices, const DraValidation& dra) {
   const std::string& driver = dra.driver.driver_name;
   if (auto unread = UnreadCheck("dra.slices", "node", dra.slices, "the node's ResourceSlices")) return *unread;
-  std::set<std::string> expected, published;
-  for (const std::string& bdf : node.selection->gpus) {
-    if (node.selection->RoleOf(bdf) == pci::Role::kGpu) expected.insert(dra::DeviceName(bdf));
-  }
+  const std::set<std::string> expected(expected_devices.names.begin(), expected_devices.names.end());
+  const std::string taint_key = dra::UnhealthyTaint(driver).key;
+  std::set<std::string> published, tainted;
   int slices = 0;
   for (const Json& slice : Items(*dra.slices->body)) {
     if (JsonString(slice, "/spec/driver"_json_pointer) != driver) continue;
     ++slices;
     if (!slice.contains("/spec/devices"_json_pointer) || !slice["spec"]["devices"].is_array()) continue;
-    for (const Json& device : slice["spec"]["devices"]) published.insert(JsonString(device, "/name"_json_pointer));
+    for (const Json& device : slice["spec"]["devices"]) {
+      const std::string name = JsonString(device, "/name"_json_pointer);
+      published.insert(name);
+      if (!device.contains("taints") || !device["taints"].is_array()) continue;
+      for (const Json& taint : device["taints"]) {
+        if (JsonString(taint, "/key"_json_pointer) == taint_key) tainted.insert(name);
+      }
+    }
   }
   std::vector<std::string> missing, extra;
   std::set_difference(expected.begin(), expected.end(), published.begin(), published.end(), std::back_inserter(missing));
   std::set_difference(published.begin(), published.end(), expected.begin(), expected.end(), std::back_inserter(extra));
+  const bool vgpus = expected_devices.vgpus;
   std::vector<Evidence> evidence = {
       {dra.slices->request, absl::StrCat(slices, " slice(s) of ", driver, ": ", cluster::DeviceList(published))},
-      {"selected GPUs", cluster::DeviceList(expected)}};
+      {vgpus ? "vGPUs the driver serves here" : "selected GPUs", cluster::DeviceList(expected)}};
+  if (!expected_devices.problems.empty()) {
+    evidence.push_back({"vGPUs not served", absl::StrJoin(expected_devices.problems, "; ")});
+  }
+  // A whole GPU's name on a vGPU node, or the reverse: the agent serves the other workload.
+  const bool other_model = std::any_of(extra.begin(), extra.end(),
+                                       [&](const std::string& name) { return dra::VgpuOfDevice(name).ok() != vgpus; });
+  if (other_model && !missing.empty()) {
+    return MakeCheck("dra.slices", Layer::kKubelet, "node", Result::kFail,
+                     absl::StrCat("published ", vgpus ? "whole GPUs" : "vGPUs", " (", absl::StrJoin(extra, ","),
+                                  ") instead of ", vgpus ? "this vm-vgpu node's vGPUs" : "the selected GPUs", " (",
+                                  absl::StrJoin(missing, ","), ")"),
+                     std::move(evidence),
+                     absl::StrCat("run the agent with the node's workload (", vgpus ? "--workload vm-vgpu" : "without "
+                                  "--workload vm-vgpu", ", as the nvidia.com/gpu.workload.config label says), or "
+                                  "validate with the agent's --workload"));
+  }
   if (!missing.empty()) {
     return MakeCheck("dra.slices", Layer::kKubelet, "node", Result::kFail,
                      absl::StrCat("not published: ", absl::StrJoin(missing, ",")), std::move(evidence),
@@ -161,11 +186,40 @@ Check SlicesCheck(const NodeView& node, const DraValidation& dra) {
   }
   if (!extra.empty()) {
     return MakeCheck("dra.slices", Layer::kKubelet, "node", Result::kFail,
-                     absl::StrCat("published but not a selected GPU here: ", absl::StrJoin(extra, ",")),
-                     std::move(evidence), "another agent with this driver name writes this node's slices: stop it");
+                     absl::StrCat("published but not a ", vgpus ? "vGPU the driver serves" : "selected GPU", " here: ",
+                                  absl::StrJoin(extra, ",")),
+                     std::move(evidence),
+                     vgpus ? "a vGPU removed or retyped stays published, tainted, until its resource has new vGPUs or "
+                             "the agent restarts: restart the agent's pod; otherwise another agent with this driver "
+                             "name writes this node's slices: stop it"
+                           : "another agent with this driver name writes this node's slices: stop it");
+  }
+  // Same devices; their health as the driver judges it here. A GPU on its host driver is healthy only under
+  // --bind-on-prepare, so a flag that differs from the agent's shows as a taint on every such GPU.
+  std::vector<std::string> health;
+  for (const std::string& name : expected) {
+    auto reason = expected_devices.unhealthy.find(name);
+    const bool unhealthy = reason != expected_devices.unhealthy.end();
+    if (unhealthy == tainted.contains(name)) continue;
+    health.push_back(unhealthy ? absl::StrCat(name, " untainted, unhealthy here (", reason->second, ")")
+                               : absl::StrCat(name, " tainted ", taint_key, ", healthy here"));
+  }
+  if (!health.empty()) {
+    evidence.push_back({"the driver's health rule here", absl::StrJoin(health, "; ")});
+    return MakeCheck("dra.slices", Layer::kKubelet, "node", Result::kWarn,
+                     absl::StrCat("published with other health than the driver gives them here: ",
+                                  absl::StrJoin(health, "; ")),
+                     std::move(evidence),
+                     vgpus ? std::string("the agent republishes within seconds of a change: if it stays, its log "
+                                         "says why ('DRA device')")
+                           : absl::StrCat("validate with the agent's --bind-on-prepare (validate had it ",
+                                          dra.driver.bind_on_prepare ? "on" : "off",
+                                          "): only with it is a GPU on its host driver healthy; otherwise the agent "
+                                          "republishes within seconds of a change"));
   }
   return MakeCheck("dra.slices", Layer::kKubelet, "node", Result::kPass,
-                   absl::StrCat(expected.size(), " GPU(s) published in ", slices, " slice(s)"), std::move(evidence));
+                   absl::StrCat(expected.size(), vgpus ? " vGPU(s)" : " GPU(s)", " published in ", slices, " slice(s)"),
+                   std::move(evidence));
 }
 
 Check ClassCheck(const DraValidation& dra) {
@@ -201,8 +255,28 @@ std::vector<Check> DraDriverChecks(const DraValidation& dra, std::chrono::millis
   return {RegistrationCheck(dra.driver, rpc_wait), AcceptedCheck(dra.driver), CdiCheck(dra.driver.cdi_dir)};
 }
 
-std::vector<Check> DraSliceChecks(const NodeView& node, const DraValidation& dra) {
-  return {SlicesCheck(node, dra), ClassCheck(dra)};
+DraExpectedDevices ExpectedDraDevices(const NodeView& node, const DraValidation& dra, const names::NameResolver& names,
+                                      const names::PciIdsDatabase* pci_ids) {
+  DraExpectedDevices expected{.vgpus = node.workload == Workload::kVmVgpu};
+  std::vector<dra::GpuDevice> devices;
+  if (expected.vgpus) {
+    dra::VgpuDevices vgpus = dra::BuildVgpuDevices(node.paths, *node.inventory, *node.vgpu->discovery, pci_ids,
+                                                   node.vgpu->domain, dra.driver.driver_name, {});
+    for (dra::VgpuDevice& vgpu : vgpus.vgpus) devices.push_back(std::move(vgpu.device));
+    expected.problems = std::move(vgpus.problems);
+  } else {
+    devices = dra::BuildDevices(node.paths, *node.inventory, *node.selection, names, pci_ids, dra.driver.driver_name, {},
+                                dra.driver.bind_on_prepare);
+  }
+  for (const dra::GpuDevice& device : devices) {
+    expected.names.push_back(device.slice.name);
+    if (!device.healthy()) expected.unhealthy[device.slice.name] = device.unhealthy_reason;
+  }
+  return expected;
+}
+
+std::vector<Check> DraSliceChecks(const DraExpectedDevices& expected, const DraValidation& dra) {
+  return {SlicesCheck(expected, dra), ClassCheck(dra)};
 }
 
 std::vector<Check> DraKubevirtChecks(const std::optional<std::string>& kubevirt_cr) {

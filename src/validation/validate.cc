@@ -192,6 +192,15 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
     node.vgpu = &vgpu_state.view;
   }
 
+  // --bind-on-prepare: layer 2 wants on vfio only what a prepared claim holds.
+  std::optional<absl::StatusOr<dra::CheckpointRead>> checkpoint;
+  if (options.dra && options.dra->driver.bind_on_prepare && !vgpu_node) {
+    dra::DriverOptions driver = options.dra->driver;
+    driver.paths = options.paths;
+    checkpoint = dra::ReadCheckpoint(driver);
+    node.bind_on_prepare = &*checkpoint;
+  }
+
   std::vector<Check> checks;
   auto run = [&](Layer layer, auto&& layer_checks) {
     if (!options.layers.contains(layer)) return;
@@ -204,7 +213,7 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
     return options.dra ? DraDriverChecks(*options.dra, options.rpc_wait) : PluginChecks(node, options.rpc_wait);
   });
   run(Layer::kKubelet, [&] {
-    return options.dra ? DraSliceChecks(node, *options.dra)
+    return options.dra ? DraSliceChecks(ExpectedDraDevices(node, *options.dra, names, options.pci_ids), *options.dra)
                        : KubeletChecks(node, options.paths.pod_resources_socket, options.rpc_wait);
   });
   run(Layer::kKubevirt, [&] {

@@ -145,6 +145,8 @@ def cmd_schema(c, args):
         (["--set", "kubeletApi=grpc"], "/kubeletApi", "value must be"),
         (["--set", "dra.driverName=GPU_Driver"], "/dra/driverName", "does not match pattern"),
         (["--set", "dra.deviceClasses={H200,H200}"], "/dra/deviceClasses", "items at"),
+        (["--set", "kubeletApi=dra", "--set", "dra.bindOnPrepare=yes"], "/dra/bindOnPrepare", "want boolean"),
+        (["--set", "dra.bindOnPrepare=true"], "", "'allOf' failed"),  # a device-plugin node binds at start
         (["--set", "metrics.prot=9400"], "/metrics", "'prot' not allowed"),
         (["--set", "nodeselector.label=x"], "", "'nodeselector' not allowed"),
         (["--set", "logLevel=verbose"], "/logLevel", "value must be one of"),
@@ -159,7 +161,8 @@ def cmd_schema(c, args):
         print(f"schema {' '.join(extra)}: rc {proc.returncode}")
     # The variants and the documented values pass the schema (a schema refusing everything would pass above).
     for extra in [["-f", v] for v in VARIANTS] + [["--set", "metrics.serviceMonitor.enabled=true",
-                                                   "--set", "resourceNames={10de:2335=GH100_H200_SXM_141GB}"]]:
+                                                   "--set", "resourceNames={10de:2335=GH100_H200_SXM_141GB}"],
+                                                  ["-f", "values-dra.yaml", "--set", "dra.bindOnPrepare=true"]]:
         proc, _ = template(args, extra)
         c.check(proc.returncode == 0, f"{' '.join(extra)}: refused ({proc.stderr.strip()})")
 
@@ -198,6 +201,7 @@ def cmd_render(c, args):
         args_ = container(docs)["args"]
         c.check(("--nvswitches" in args_) == (variant == "values-hgx.yaml"),
                 f"[{variant}] --nvswitches in args is {'--nvswitches' in args_}, the variant says otherwise")
+        c.check("--bind-on-prepare" not in args_, f"[{variant}] --bind-on-prepare without dra.bindOnPrepare")
     for role in NODE_ROLES:
         render(f"cozystack+{role}", ["-f", "values-cozystack.yaml", "-f", role],
                {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False,
@@ -322,6 +326,13 @@ def cmd_render(c, args):
     if docs:
         classes = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass")
         c.check(classes == ["a10.gpus.example.org", "h200.gpus.example.org"], f"[dra values] DeviceClasses {classes}")
+    # dra.bindOnPrepare: the flag, once, after --kubelet-api=dra (run refuses it without).
+    docs = render("dra bindOnPrepare", ["-f", "values-dra.yaml", "--set", "dra.bindOnPrepare=true"], dict(own, dra=True))
+    if docs:
+        args_ = container(docs)["args"]
+        c.check(args_.count("--bind-on-prepare") == 1 and "--kubelet-api=dra" in args_
+                and args_.index("--kubelet-api=dra") < args_.index("--bind-on-prepare"),
+                f"[dra bindOnPrepare] args {args_}")
 
     docs = render("no admission policy", ["--set", "admissionPolicy.enabled=false"])
     if docs:

@@ -18,6 +18,7 @@
 #include "support/holding_process.h"
 #include "support/wait.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/driver.h"
 
@@ -159,10 +160,20 @@ TEST_F(BindOnPrepareTest, AClaimBindsItsWholeGroupAndUnprepareReturnsEachFunctio
   EXPECT_TRUE(std::filesystem::exists(CdiSpec("uid-1")));
   const Json checkpoint = Json::parse(fs::ReadTrimmed(Checkpoint("uid-1")).value_or("{}"));
   EXPECT_EQ(checkpoint["driversBeforeBind"], Json(kQuadroGroup));
+  // As `validate` reads it: the claim holds the GPU and every function its Prepare bound.
+  absl::StatusOr<CheckpointRead> read = ReadCheckpoint(Options());
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->claims.size(), 1u);
+  EXPECT_EQ(read->claims[0].ref, "vms/claim-uid-1 (uid-1)");
+  EXPECT_THAT(read->claims[0].bdfs,
+              ::testing::ElementsAre("0000:01:00.0", "0000:01:00.1", "0000:01:00.2", "0000:01:00.3"));
 
   ASSERT_EQ(Unprepare("uid-1"), "");
   ExpectOn(kQuadroGroup);
   EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-1")));
+  read = ReadCheckpoint(Options());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->claims.empty());
   EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-1")));
 }
 

@@ -13,8 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "kube_api_sim.h"
 #include "kubelet_dra_sim.h"
+#include "support/holding_process.h"
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/dra/registration_record.h"
@@ -73,7 +75,33 @@ class ClusterDraTest : public ::testing::Test {
     options_.registry_dir = dir_.path() / "plugins_registry";
     options_.plugins_dir = dir_.path() / "plugins";
     options_.cdi_dir = dir_.path() / "cdi";
+    options_.paths = {.sysfs_root = tree_.root(), .dev_root = dir_.path() / "dev", .proc_root = dir_.path() / "proc"};
     std::filesystem::create_directories(options_.cdi_dir);
+    std::filesystem::create_directories(options_.paths.VfioDir());
+    for (int group : {11, 12}) std::ofstream(options_.paths.VfioDir() / std::to_string(group));
+    std::filesystem::create_directories(options_.paths.proc_root / "sys/kernel/random");
+    std::ofstream(options_.paths.proc_root / "sys/kernel/random/boot_id") << "boot-1\n";
+  }
+
+  // Where the GPUs are under --bind-on-prepare before any claim: on nvidia, no group node.
+  void GpusOnNvidia() {
+    for (const std::string& bdf : kGpus) tree_.BindDriver(bdf, "nvidia");
+    std::filesystem::remove_all(options_.paths.VfioDir());
+  }
+
+  // A checkpoint file as the driver writes it for a claim holding `bdfs` (tests/dra checks the driver's own).
+  void WriteCheckpoint(const std::string& uid, const std::vector<std::string>& bdfs,
+                       const std::string& boot = "boot-1") {
+    Json devices = Json::array();
+    Json before = Json::object();
+    for (const std::string& bdf : bdfs) {
+      devices.push_back({{"request", "gpu"}, {"pool", kNode}, {"device", dra::DeviceName(bdf)}, {"bdf", bdf}});
+      before[bdf] = "nvidia";
+    }
+    const Json claim = {{"bootID", boot}, {"namespace", "vms"}, {"name", "claim-" + uid}, {"uid", uid},
+                        {"devices", devices}, {"driversBeforeBind", before}};
+    std::filesystem::create_directories(dra::CheckpointDir(options_));
+    std::ofstream(dra::CheckpointDir(options_) / (uid + ".json")) << claim.dump();
   }
 
   // The driver serving, registered with a kubelet speaking `services`.
@@ -100,9 +128,10 @@ class ClusterDraTest : public ::testing::Test {
     auto publisher = kube::ConnectResourceSlicePublisher(kubeconfig_, dir_.path() / "no-sa",
                                                          {.driver = options_.driver_name, .node_name = kNode});
     ASSERT_TRUE(publisher.ok()) << publisher.status();
+    publisher_ = *std::move(publisher);
     std::vector<kube::SliceDevice> devices;
     for (const std::string& bdf : published) devices.push_back({.name = dra::DeviceName(bdf)});
-    ASSERT_TRUE((*publisher)->Publish(devices).ok());
+    ASSERT_TRUE(publisher_->Publish(devices).ok());
   }
 
   DraValidation Dra() {
@@ -118,12 +147,60 @@ class ClusterDraTest : public ::testing::Test {
     return dra;
   }
 
-  std::vector<Check> SliceChecks() {
+  // The devices layer and the DRA kubelet layer of this node, as `validate --kubelet-api dra` runs them.
+  std::vector<Check> NodeChecks(bool bind_on_prepare,
+                                const std::set<Layer>& layers = {Layer::kDevices, Layer::kKubelet}) {
     auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
     EXPECT_TRUE(inventory.ok()) << inventory.status();
     const pci::Selection selection = pci::Select(*inventory, {});
-    const NodeView node{.paths = {}, .inventory = &*inventory, .selection = &selection, .expected = nullptr};
-    return DraSliceChecks(node, Dra());
+    NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection, .expected = nullptr};
+    DraValidation dra = Dra();
+    dra.driver.bind_on_prepare = bind_on_prepare;
+    const absl::StatusOr<dra::CheckpointRead> checkpoint = dra::ReadCheckpoint(dra.driver);
+    if (bind_on_prepare) node.bind_on_prepare = &checkpoint;
+    std::vector<Check> checks;
+    if (layers.contains(Layer::kDevices)) checks = DeviceChecks(node);
+    if (layers.contains(Layer::kKubelet)) {
+      const names::NameResolver names(nullptr, "nvidia.com", {});
+      for (Check& check : DraSliceChecks(ExpectedDraDevices(node, dra, names, nullptr), dra)) {
+        checks.push_back(std::move(check));
+      }
+    }
+    return checks;
+  }
+  std::vector<Check> SliceChecks() { return NodeChecks(/*bind_on_prepare=*/false, {Layer::kKubelet}); }
+
+  // dra.slices of this node as a vm-vgpu node (the vGPUs the driver serves), with the slices holding `published`.
+  Check VgpuSlices(const std::vector<std::string>& published) {
+    auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
+    EXPECT_TRUE(inventory.ok()) << inventory.status();
+    const pci::Selection selection = pci::Select(*inventory, {});
+    const vgpu::Discovery discovery = DiscoverVgpusReadOnly(tree_.root(), *inventory, dir_.path() / "vgpu-catalog.txt");
+    const VgpuView view{.discovery = &discovery};
+    const NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection,
+                        .expected = nullptr, .workload = Workload::kVmVgpu, .vgpu = &view};
+    std::vector<kube::SliceDevice> devices(published.size());
+    for (size_t i = 0; i < published.size(); ++i) devices[i].name = published[i];
+    EXPECT_TRUE(publisher_->Publish(devices).ok());
+    const DraValidation dra = Dra();
+    const names::NameResolver names(nullptr, "nvidia.com", {});
+    const std::vector<Check> checks = DraSliceChecks(ExpectedDraDevices(node, dra, names, nullptr), dra);
+    const Check* slices = FindDraCheck(checks, "dra.slices");
+    return slices != nullptr ? *slices : Check{};
+  }
+
+  // `vfio-gpu-agent validate --json <args>` on this node: its exit code and report.
+  std::pair<int, Json> RunValidate(const std::string& args) {
+    const std::string command = absl::StrCat("env -u KUBERNETES_SERVICE_HOST ", VA_AGENT_BIN, " validate --sysfs-root ",
+                                             tree_.root().string(), " --json ", args, " --log-level error 2>/dev/null");
+    FILE* pipe = ::popen(command.c_str(), "r");
+    EXPECT_NE(pipe, nullptr) << command;
+    if (pipe == nullptr) return {-1, Json()};
+    std::string out;
+    char buffer[4096];
+    for (size_t n = 0; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+    const int status = ::pclose(pipe);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Json::parse(out, nullptr, /*allow_exceptions=*/false)};
   }
 
   vfio_agent::testing::TempDir dir_{"va-dra-validate"};
@@ -132,6 +209,7 @@ class ClusterDraTest : public ::testing::Test {
   std::unique_ptr<KubeletDraSim> kubelet_;
   std::unique_ptr<dra::Driver> driver_;
   std::unique_ptr<sim::KubeApiSim> api_;
+  std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
   std::filesystem::path kubeconfig_;
 };
 
@@ -236,6 +314,16 @@ TEST_F(ClusterDraTest, AnUnreadableListFailsAndNoClusterSkips) {
   for (const Check& check : SliceChecks()) EXPECT_EQ(check.result, Result::kSkip) << check.id;
 }
 
+// "<id>/<subject>" -> "PASS", ... of a JSON report.
+std::map<std::string, std::string> Results(const Json& report) {
+  std::map<std::string, std::string> results;
+  if (!report.is_object() || !report.contains("checks")) return results;
+  for (const Json& check : report["checks"]) {
+    results[check["id"].get<std::string>() + "/" + check["subject"].get<std::string>()] = check["result"];
+  }
+  return results;
+}
+
 std::string Cr(const Json& developer_configuration) {
   Json cr = Json::object();
   cr["apiVersion"] = "kubevirt.io/v1";
@@ -262,23 +350,13 @@ TEST_F(ClusterDraTest, ValidateKubeletApiDraRunsTheDraChecks) {
   StartDriver();
   const std::filesystem::path cr = dir_.path() / "kubevirt.json";
   std::ofstream(cr) << Cr(Json::object());
-  const std::string command = absl::StrCat(
-      "env -u KUBERNETES_SERVICE_HOST ", VA_AGENT_BIN, " validate --sysfs-root ", tree_.root().string(),
-      " --json --layers plugin,kubelet,kubevirt --kubelet-api dra --kubelet-registry-dir ",
-      options_.registry_dir.string(), " --kubelet-plugins-dir ", options_.plugins_dir.string(), " --cdi-dir ",
-      options_.cdi_dir.string(), " --kubevirt-cr ", cr.string(), " --log-level error 2>/dev/null");
-  FILE* pipe = ::popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buffer[4096];
-  for (size_t n = 0; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  ::pclose(pipe);
-  const Json report = Json::parse(out, nullptr, /*allow_exceptions=*/false);
+  const Json report = RunValidate(absl::StrCat(
+      "--layers plugin,kubelet,kubevirt --kubelet-api dra --kubelet-registry-dir ", options_.registry_dir.string(),
+      " --kubelet-plugins-dir ", options_.plugins_dir.string(), " --cdi-dir ", options_.cdi_dir.string(),
+      " --kubevirt-cr ", cr.string())).second;
+  const std::string out = report.dump();
   ASSERT_TRUE(report.is_object()) << out;
-  std::map<std::string, std::string> results;
-  for (const Json& check : report["checks"]) {
-    results[check["id"].get<std::string>() + "/" + check["subject"].get<std::string>()] = check["result"];
-  }
+  std::map<std::string, std::string> results = Results(report);
   const std::string driver = options_.driver_name;
   EXPECT_EQ(results["dra.registration/" + driver], "PASS") << out;
   EXPECT_EQ(results["dra.kubelet_accepted/" + driver], "PASS") << out;
@@ -286,6 +364,188 @@ TEST_F(ClusterDraTest, ValidateKubeletApiDraRunsTheDraChecks) {
   EXPECT_EQ(results["dra.slices/node"], "SKIP") << out;  // no cluster
   EXPECT_EQ(results["dra.kubevirt_gate/GPUsWithDRA"], "PASS") << out;
   for (const auto& [id, result] : results) EXPECT_THAT(id, ::testing::Not(HasSubstr("plugin."))) << id;
+}
+
+// --bind-on-prepare: GPUs on their host driver are where they belong until a claim's Prepare binds them, and the
+// driver publishes them healthy (untainted). Without the flag the same node fails: validate must be told.
+TEST_F(ClusterDraTest, BindOnPrepareGpusOnTheirHostDriverPassAndMatchTheirSlices) {
+  GpusOnNvidia();
+  StartApi(kGpus, ClassesFor(options_.driver_name));
+  if (!api_) return;
+  const std::vector<Check> checks = NodeChecks(/*bind_on_prepare=*/true);
+  for (const std::string& bdf : kGpus) {
+    const Check* driver = FindDraCheck(checks, "device.driver", bdf);
+    ASSERT_NE(driver, nullptr) << bdf;
+    EXPECT_EQ(driver->result, Result::kPass) << driver->message;
+    EXPECT_THAT(driver->message, HasSubstr("on nvidia until a claim's Prepare binds"));
+  }
+  for (const char* group : {"group 11", "group 12"}) {
+    EXPECT_EQ(FindDraCheck(checks, "group.viable", group)->result, Result::kPass) << group;
+  }
+  EXPECT_EQ(FindDraCheck(checks, "device.claims")->result, Result::kPass);
+  const Check* slices = FindDraCheck(checks, "dra.slices");
+  ASSERT_NE(slices, nullptr);
+  EXPECT_EQ(slices->result, Result::kPass) << slices->message << "\n" << DraEvidence(*slices);
+
+  const std::vector<Check> without = NodeChecks(/*bind_on_prepare=*/false);
+  EXPECT_EQ(FindDraCheck(without, "device.driver", kGpus[0])->result, Result::kFail);
+  EXPECT_EQ(FindDraCheck(without, "device.claims"), nullptr);
+  // The agent published them healthy, which only --bind-on-prepare does for a GPU on nvidia.
+  const Check* health = FindDraCheck(without, "dra.slices");
+  EXPECT_EQ(health->result, Result::kWarn) << health->message;
+  EXPECT_THAT(health->message, HasSubstr(dra::DeviceName(kGpus[0]) + " untainted, unhealthy here (driver nvidia)"));
+  EXPECT_THAT(health->fix, HasSubstr("--bind-on-prepare (validate had it off)"));
+}
+
+// What would make a Prepare's bind fail now is said before a VM asks: a process holding nvidia. A GPU that nvidia's
+// runtime power management parked in D3cold is fine (the bind wakes it), as the driver judges it.
+TEST_F(ClusterDraTest, BindOnPrepareAHolderOfNvidiaWarnsAndD3coldOnTheHostDriverPasses) {
+  GpusOnNvidia();
+  tree_.WriteAttribute(kGpus[1], "power_state", "D3cold");
+  std::filesystem::create_directories(options_.paths.dev_root);
+  std::ofstream(options_.paths.dev_root / "nvidia0");
+  options_.paths.proc_root = "/proc";  // the holder is this test's own child
+  const vfio_agent::testing::HoldingProcess holder(options_.paths.dev_root / "nvidia0");
+  std::vector<Check> checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  const Check* driver = FindDraCheck(checks, "device.driver", kGpus[0]);
+  ASSERT_NE(driver, nullptr);
+  EXPECT_EQ(driver->result, Result::kWarn) << driver->message;
+  EXPECT_THAT(driver->message, HasSubstr(absl::StrCat("pid ", holder.pid())));
+  EXPECT_THAT(driver->message, HasSubstr("a claim's Prepare would fail"));
+  EXPECT_THAT(driver->fix, HasSubstr("vfio-gpu-agent bind --device " + kGpus[0]));
+  EXPECT_EQ(FindDraCheck(checks, "device.power_state", kGpus[1])->result, Result::kPass);
+
+  checks = NodeChecks(/*bind_on_prepare=*/false, {Layer::kDevices});
+  EXPECT_EQ(FindDraCheck(checks, "device.power_state", kGpus[1])->result, Result::kWarn);
+}
+
+// A prepared claim's groups belong on vfio-pci: its GPU back on nvidia fails, naming the claim; a checkpoint of
+// another boot holds nothing (the agent discards it).
+TEST_F(ClusterDraTest, BindOnPrepareAClaimedGpuOffVfioFailsNamingTheClaim) {
+  GpusOnNvidia();
+  WriteCheckpoint("uid-1", {kGpus[0]});
+  WriteCheckpoint("uid-0", {kGpus[1]}, "boot-0");
+  std::vector<Check> checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  const Check* claimed = FindDraCheck(checks, "device.driver", kGpus[0]);
+  ASSERT_NE(claimed, nullptr);
+  EXPECT_EQ(claimed->result, Result::kFail);
+  EXPECT_THAT(claimed->message, HasSubstr("on nvidia though prepared claim vms/claim-uid-1 (uid-1) holds it"));
+  EXPECT_THAT(claimed->fix, HasSubstr("vfio-gpu-agent bind --device " + kGpus[0]));
+  EXPECT_EQ(FindDraCheck(checks, "device.driver", kGpus[1])->result, Result::kPass);
+  const Check* claims = FindDraCheck(checks, "device.claims");
+  EXPECT_EQ(claims->result, Result::kPass);
+  EXPECT_THAT(DraEvidence(*claims), HasSubstr("vms/claim-uid-1 (uid-1): " + kGpus[0]));
+  EXPECT_THAT(DraEvidence(*claims), HasSubstr("uid-0.json"));
+
+  tree_.BindDriver(kGpus[0], "vfio-pci");
+  checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  claimed = FindDraCheck(checks, "device.driver", kGpus[0]);
+  EXPECT_EQ(claimed->result, Result::kPass) << claimed->message;
+  EXPECT_THAT(claimed->message, HasSubstr("for claim vms/claim-uid-1 (uid-1)"));
+}
+
+// The group rule stays: a foreign endpoint blocks a later bind; a companion on its host driver is moved by the
+// Prepare with its GPU, unless a claim holds the group already (then it should be on vfio-pci).
+TEST_F(ClusterDraTest, BindOnPrepareAForeignEndpointFailsAndACompanionOnItsHostDriverWaitsForThePrepare) {
+  GpusOnNvidia();
+  tree_.AddDevice({.bdf = "0000:18:00.1", .device = 0x22a3, .class_code = 0x040300, .driver = "snd_hda_intel",
+                   .iommu_group = 11});
+  tree_.AddDevice({.bdf = "0000:2a:00.1", .vendor = 0x8086, .device = 0x1533, .class_code = 0x020000,
+                   .driver = "igb", .iommu_group = 12});
+  std::vector<Check> checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  const Check* companion = FindDraCheck(checks, "group.viable", "group 11");
+  ASSERT_NE(companion, nullptr);
+  EXPECT_EQ(companion->result, Result::kPass) << companion->message;
+  EXPECT_THAT(companion->message, HasSubstr("until a claim's Prepare binds the group"));
+  const Check* foreign = FindDraCheck(checks, "group.viable", "group 12");
+  ASSERT_NE(foreign, nullptr);
+  EXPECT_EQ(foreign->result, Result::kFail);
+  EXPECT_THAT(foreign->message, HasSubstr("0000:2a:00.1"));
+  EXPECT_THAT(foreign->message, HasSubstr("a claim's Prepare refuses its GPUs"));
+
+  WriteCheckpoint("uid-1", {kGpus[0]});
+  checks = NodeChecks(/*bind_on_prepare=*/true, {Layer::kDevices});
+  EXPECT_EQ(FindDraCheck(checks, "group.viable", "group 11")->result, Result::kFail);
+}
+
+// The command: --bind-on-prepare reaches the devices layer and the slices check; without DRA it is refused.
+TEST_F(ClusterDraTest, ValidateBindOnPrepareJudgesGpusOnTheirHostDriverAsTheAgentDoes) {
+  GpusOnNvidia();
+  const std::string args = absl::StrCat("--layers devices --kubelet-api dra --kubelet-plugins-dir ",
+                                        options_.plugins_dir.string(), " --proc-root ", options_.paths.proc_root.string(),
+                                        " --dev-root ", options_.paths.dev_root.string());
+  auto [code, report] = RunValidate(args + " --bind-on-prepare");
+  EXPECT_EQ(code, 0) << report.dump();
+  EXPECT_EQ(Results(report)["device.driver/" + kGpus[0]], "PASS") << report.dump();
+  EXPECT_EQ(Results(report)["device.claims/node"], "PASS") << report.dump();
+  std::tie(code, report) = RunValidate(args);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(Results(report)["device.driver/" + kGpus[0]], "FAIL") << report.dump();
+  EXPECT_EQ(RunValidate("--layers devices --bind-on-prepare").first, 2);
+}
+
+// A vGPU node: the slices hold one device per vGPU the driver serves (mdev-<uuid>), never the whole GPUs.
+TEST_F(ClusterDraTest, VgpuSlicesAreComparedWithTheVgpusTheDriverServes) {
+  constexpr char kT4[] = "0000:3b:00.0";
+  const std::string uuid_a = "0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b01";
+  const std::string uuid_b = "0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b02";
+  const std::string stale = dra::MdevDeviceName("0b2b2d5e-7c1a-4c8e-9f0a-1d2e3f4a5b09");
+  tree_.AddDevice({.bdf = kT4, .device = 0x1eb8, .driver = "nvidia", .iommu_group = 30});
+  tree_.AddMdevParent(kT4, {{.id = "nvidia-222", .name = "GRID T4-1Q", .available_instances = 14}});
+  tree_.AddMdev({.uuid = uuid_a, .parent = kT4, .type_id = "nvidia-222", .iommu_group = 100});
+  tree_.AddMdev({.uuid = uuid_b, .parent = kT4, .type_id = "nvidia-222", .iommu_group = 101});
+  for (int group : {100, 101}) std::ofstream(options_.paths.VfioDir() / std::to_string(group));
+  StartApi({}, ClassesFor(options_.driver_name));
+  if (!api_) return;
+
+  Check slices = VgpuSlices({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b)});
+  EXPECT_EQ(slices.result, Result::kPass) << slices.message << "\n" << DraEvidence(slices);
+  EXPECT_THAT(slices.message, HasSubstr("2 vGPU(s)"));
+
+  slices = VgpuSlices({dra::MdevDeviceName(uuid_a), stale});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("not published: " + dra::MdevDeviceName(uuid_b)));
+
+  slices = VgpuSlices({dra::MdevDeviceName(uuid_a), dra::MdevDeviceName(uuid_b), stale});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("published but not a vGPU the driver serves here: " + stale));
+
+  // An agent serving whole GPUs on this node.
+  slices = VgpuSlices({dra::DeviceName(kT4)});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("published whole GPUs (" + dra::DeviceName(kT4) + ") instead of"));
+  EXPECT_THAT(slices.message, HasSubstr(dra::MdevDeviceName(uuid_a)));
+  EXPECT_THAT(slices.fix, HasSubstr("--workload vm-vgpu"));
+}
+
+// SR-IOV vGPUs: a VF with a vGPU type is vgpu-<VF address>; a VF without one is not served, so not expected.
+TEST_F(ClusterDraTest, SriovVgpuSlicesAreNamedFromTheirVfs) {
+  constexpr char kL40s[] = "0000:5e:00.0";
+  constexpr char kTyped[] = "0000:5e:00.4";
+  constexpr char kUntyped[] = "0000:5e:00.5";
+  const std::vector<vfio_agent::testing::FakeVgpuType> types = {{.id = 1157, .name = "NVIDIA L40S-4Q"}};
+  tree_.AddDevice({.bdf = kL40s, .device = 0x26b9, .driver = "nvidia", .iommu_group = 40});
+  tree_.SetVgpuCatalog(kL40s, types);
+  for (const auto& [vf, group] : {std::pair{kTyped, 41}, std::pair{kUntyped, 42}}) {
+    tree_.AddDevice({.bdf = vf, .device = 0x26b9, .driver = "nvidia", .iommu_group = group, .physfn = kL40s});
+    tree_.SetVgpuCatalog(vf, types);
+    std::ofstream(options_.paths.VfioDir() / std::to_string(group));
+  }
+  tree_.SetCurrentVgpuType(kTyped, 1157);
+  tree_.SetCurrentVgpuType(kUntyped, 0);
+  StartApi({}, ClassesFor(options_.driver_name));
+  if (!api_) return;
+
+  Check slices = VgpuSlices({dra::VfDeviceName(kTyped)});
+  EXPECT_EQ(slices.result, Result::kPass) << slices.message << "\n" << DraEvidence(slices);
+
+  slices = VgpuSlices({dra::VfDeviceName(kTyped), dra::VfDeviceName(kUntyped)});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("published but not a vGPU the driver serves here: vgpu-0000-5e-00-5"));
+
+  slices = VgpuSlices({});
+  EXPECT_EQ(slices.result, Result::kFail);
+  EXPECT_THAT(slices.message, HasSubstr("not published: vgpu-0000-5e-00-4"));
 }
 
 }  // namespace

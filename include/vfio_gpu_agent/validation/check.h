@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/common/workload.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/fabric/partitions.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
@@ -62,6 +63,10 @@ struct NodeView {
   const plugin::DeviceSnapshot* expected = nullptr;
   Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `expected` holds vGPUs, and the messages say so
   const VgpuView* vgpu = nullptr;  // vm-vgpu only
+  // --kubelet-api dra --bind-on-prepare: GPUs stay on their host drivers until a claim's Prepare binds them, so
+  // layer 2 wants on a vfio driver only the IOMMU groups the driver's checkpoint says a prepared claim holds (or
+  // why the checkpoint could not be read). Null: every selected GPU belongs on a vfio driver.
+  const absl::StatusOr<dra::CheckpointRead>* bind_on_prepare = nullptr;
 };
 
 // vm-vgpu: what the vGPU layer reads besides sysfs.
