@@ -39,9 +39,11 @@ using std::chrono::milliseconds;
 // failure only when they outlast the registration grace.
 constexpr milliseconds kLagRecheck{100};
 bool ClearsByItself(const std::string& check_id) {
-  // fabric.reachable: Fabric Manager initialising at boot, or reconnecting after its restart.
-  return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "plugin.advertised" ||
-         check_id == "fabric.reachable" || check_id == "dra.registered" || check_id == "dra.published";
+  // fabric.reachable: Fabric Manager initialising at boot, or reconnecting after its restart. kubelet.in_use: a
+  // restarted kubelet's pod-resources List may answer a moment after its registration and allocatable do.
+  return check_id == "plugin.registered" || check_id == "kubelet.allocatable" || check_id == "kubelet.in_use" ||
+         check_id == "plugin.advertised" || check_id == "fabric.reachable" || check_id == "dra.registered" ||
+         check_id == "dra.published";
 }
 constexpr milliseconds kLabelsTimeout{2000};
 constexpr milliseconds kKubeletRecheck{60000};

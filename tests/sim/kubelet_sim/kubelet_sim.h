@@ -44,6 +44,9 @@ struct Options {
   // starting), before the reply is sent: a reply that reaches the plugin only after its stream has begun, or
   // ended. Resource-keyed modes only. Empty = reply at once.
   std::function<void(const std::string& resource)> before_register_reply;
+  // While it returns true, pod-resources List answers UNAVAILABLE and GetAllocatableResources still answers: a
+  // restarted kubelet's server, one call ready before the other. Empty = List always answers.
+  std::function<bool()> list_unavailable;
 };
 
 struct ResourceState {

@@ -11,11 +11,15 @@ class PodResourcesService final : public ::v1::PodResourcesLister::Service {
   using Filler = std::function<void(::v1::ListPodResourcesResponse*)>;
   using AllocFiller = std::function<void(::v1::AllocatableResourcesResponse*)>;
   using Getter = std::function<grpc::Status(const ::v1::GetPodResourcesRequest&, ::v1::GetPodResourcesResponse*)>;
-  PodResourcesService(Filler list, AllocFiller allocatable, Getter get)
-      : list_(std::move(list)), allocatable_(std::move(allocatable)), get_(std::move(get)) {}
+  PodResourcesService(Filler list, AllocFiller allocatable, Getter get, std::function<bool()> list_unavailable)
+      : list_(std::move(list)),
+        allocatable_(std::move(allocatable)),
+        get_(std::move(get)),
+        list_unavailable_(std::move(list_unavailable)) {}
 
   grpc::Status List(grpc::ServerContext*, const ::v1::ListPodResourcesRequest*,
                     ::v1::ListPodResourcesResponse* response) override {
+    if (list_unavailable_ && list_unavailable_()) return {grpc::StatusCode::UNAVAILABLE, "List not ready yet"};
     list_(response);
     return grpc::Status::OK;
   }
@@ -33,6 +37,7 @@ class PodResourcesService final : public ::v1::PodResourcesLister::Service {
   Filler list_;
   AllocFiller allocatable_;
   Getter get_;
+  std::function<bool()> list_unavailable_;
 };
 
 }  // namespace
@@ -43,7 +48,8 @@ std::unique_ptr<grpc::Service> KubeletSim::Impl::MakePodResourcesService(const I
       [impl](::v1::AllocatableResourcesResponse* out) { impl->FillAllocatable(out); },
       [impl](const ::v1::GetPodResourcesRequest& request, ::v1::GetPodResourcesResponse* out) {
         return impl->FillGet(request, out);
-      });
+      },
+      [impl] { return impl->options_.list_unavailable && impl->options_.list_unavailable(); });
 }
 
 void KubeletSim::Impl::AppendDevices(const std::string& resource, const std::vector<std::string>& ids,
