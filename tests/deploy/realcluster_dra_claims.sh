@@ -11,7 +11,8 @@
 #   4. with --bind-on-prepare, the GPUs stay on nvidia until a pod's claim binds its group to vfio-pci, and go back
 #      to nvidia after the pod is deleted;
 #   5. with --fabric-manager (the fake libnvfm), the slices carry the partition attributes, a claim of two requests
-#      tied by matchAttribute on partition2 activates exactly one 2-GPU partition, released after the pod goes.
+#      tied by matchAttribute on partition2 activates exactly one 2-GPU partition, released after the pod goes, and
+#      the PartitionActivated and PartitionReleased events name the claim.
 # Not part of CI (the cluster is not there); daemonset/README.md (DRA nodes) records a run.
 #
 # Needs the cluster running, and the kubelet started with NODE_DEV holding /dev/vfio nodes for the simulated groups
@@ -258,6 +259,15 @@ K delete pod fm-2 --wait=false >/dev/null
 expect "fm-2 gone" wait_for pod_gone fm-2
 none_active() { [ -z "$(fm_active)" ]; }
 expect "its partition released after the claim's Unprepare" wait_for none_active
+event_note() {  # event_note REASON: the note of the agent's newest event of that reason on the node
+    K get events.events.k8s.io -n default --field-selector "reason=$1,regarding.name=$NODE" \
+        -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' 2>/dev/null | tail -1
+}
+for reason in PartitionActivated PartitionReleased; do
+    names_claim() { event_note $reason | grep -q "claim default/fm-2-gpu-"; }
+    wait_for names_claim
+    expect "a $reason event names the claim: $(event_note $reason | cut -c1-160)" names_claim
+done
 stop_agent
 
 agent_log_summary
