@@ -84,3 +84,43 @@ cleanup_common() {
 agent_log_summary() {
     echo "   agent log: $(wc -l < "$TMP/agent.log") lines; by level: $(grep -oE '^[^ ]+ (info|warning|error|debug) ' "$TMP/agent.log" | cut -d' ' -f2 | sort | uniq -c | tr '\n' ' ')"
 }
+
+# The DRA driver's name and its ResourceSlices of $NODE: slice_devices counts their devices.
+DRIVER=gpu.vfio-agent.cozystack.io
+slice_devices() {
+    K get resourceslices --field-selector "spec.nodeName=$NODE,spec.driver=$DRIVER" \
+        -o jsonpath='{range .items[*]}{range .spec.devices[*]}{.name}{"\n"}{end}{end}' 2>/dev/null | grep -c .
+}
+slices_are() { [ "$(slice_devices)" = "$1" ]; }
+# cleanup_dra [SELECTOR]: cleanup_common of the DRA overlay, the node's slices, and the test's pods and claim
+# templates labelled SELECTOR.
+cleanup_dra() {
+    if [ -n "${1:-}" ]; then
+        K delete pods -l "$1" --grace-period=0 --force >/dev/null 2>&1
+        K delete resourceclaimtemplates -l "$1" >/dev/null 2>&1
+    fi
+    cleanup_common "$ROOT/daemonset/overlays/dra"
+    K delete --ignore-not-found resourceslices --field-selector "spec.nodeName=$NODE" >/dev/null 2>&1
+}
+
+# fake_fabric_manager: the fake libnvfm's state file at $FM for the simulated 8x H200 board, shared-NVSwitch mode,
+# nothing active. Module ids out of PCI order, as NVIDIA's HGX guide maps them (tests/fabric/fabric_fixture.h).
+FM=$TMP/fm.state
+fake_fabric_manager() {
+    cat > "$FM" <<STATE
+mode shared
+epoch 0
+gpu 1 0000:9a:00.0
+gpu 2 0000:bb:00.0
+gpu 3 0000:ab:00.0
+gpu 4 0000:db:00.0
+gpu 5 0000:18:00.0
+gpu 6 0000:3b:00.0
+gpu 7 0000:2a:00.0
+gpu 8 0000:5d:00.0
+active
+unsupported
+STATE
+}
+# The partitions FM has active (the fake's ids, space-separated).
+fm_active() { flock "$FM" awk '$1 == "active" { $1 = ""; sub(/^ /, ""); print }' "$FM"; }

@@ -9,20 +9,10 @@
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim),
 #      REALCLUSTER (../shared/realcluster: kubelet-dra.sh).
 source "$(dirname "$0")/realcluster_common.sh"
-DRIVER=gpu.vfio-agent.cozystack.io
-cleanup() {
-    cleanup_common "$ROOT/daemonset/overlays/dra"
-    K delete --ignore-not-found resourceslices --field-selector "spec.nodeName=$NODE" >/dev/null 2>&1
-}
-trap cleanup EXIT
+trap cleanup_dra EXIT
 
 agent_identity "$ROOT/daemonset/overlays/dra"
 
-slice_devices() {
-    K get resourceslices --field-selector "spec.nodeName=$NODE,spec.driver=$DRIVER" \
-        -o jsonpath='{range .items[*]}{range .spec.devices[*]}{.name}{"\n"}{end}{end}' 2>/dev/null | grep -c .
-}
-slices_are() { [ "$(slice_devices)" = "$1" ]; }
 no_slices() { [ "$(slice_devices)" = 0 ]; }
 ready() { curl -s 127.0.0.1:19400/metrics | grep -qx "vfio_gpu_agent_ready 1"; }
 kubelet_log() { cat "$WORK/kubelet-dra/kubelet.log" 2>/dev/null; }

@@ -22,26 +22,14 @@
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent, sysfs-sim and
 #      tests/fabric/lib/libnvfm.so.1).
 source "$(dirname "$0")/realcluster_common.sh"
-DRIVER=gpu.vfio-agent.cozystack.io
 RES=nvidia.com/GH100_H200_SXM_141GB
 ENV_NAME=PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB
 CLASS=gh100-h200-sxm-141gb.$DRIVER
 CDI_DIR=$WORK/kubelet-dra/cdi
-cleanup() {
-    K delete pods -l vfio-gpu-agent-test=dra-claims --grace-period=0 --force >/dev/null 2>&1
-    K delete resourceclaimtemplates -l vfio-gpu-agent-test=dra-claims >/dev/null 2>&1
-    cleanup_common "$ROOT/daemonset/overlays/dra"
-    K delete --ignore-not-found resourceslices --field-selector "spec.nodeName=$NODE" >/dev/null 2>&1
-}
-trap cleanup EXIT
+trap 'cleanup_dra vfio-gpu-agent-test=dra-claims' EXIT
 
 agent_identity "$ROOT/daemonset/overlays/dra"
 
-slice_devices() {
-    K get resourceslices --field-selector "spec.nodeName=$NODE,spec.driver=$DRIVER" \
-        -o jsonpath='{range .items[*]}{range .spec.devices[*]}{.name}{"\n"}{end}{end}' 2>/dev/null | grep -c .
-}
-slices_are() { [ "$(slice_devices)" = "$1" ]; }
 ours_in_cdi() { ls "$CDI_DIR" 2>/dev/null | grep -c "^${DRIVER}_claim_"; }
 no_cdi_specs() { [ "$(ours_in_cdi)" = 0 ]; }
 pod_running() { [ "$(K get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ]; }
@@ -205,24 +193,9 @@ expect "no CDI spec of ours left" wait_for no_cdi_specs
 stop_agent
 
 echo "== 5. Fabric Manager (fake libnvfm, shared-NVSwitch mode): a claim of 2 requests tied by matchAttribute"
-# Module ids out of PCI order, as NVIDIA's HGX guide maps them (tests/fabric/fabric_fixture.h); the fake's layout
-# (tests/fabric/fake_nvfm_state.cc): P0 all 8, P1-P2 fours, P3-P6 pairs (modules 1-2, 3-4, 5-6, 7-8), P7-P14 singles.
-FM=$TMP/fm.state
-cat > "$FM" <<STATE
-mode shared
-epoch 0
-gpu 1 0000:9a:00.0
-gpu 2 0000:bb:00.0
-gpu 3 0000:ab:00.0
-gpu 4 0000:db:00.0
-gpu 5 0000:18:00.0
-gpu 6 0000:3b:00.0
-gpu 7 0000:2a:00.0
-gpu 8 0000:5d:00.0
-active
-unsupported
-STATE
-fm_active() { flock "$FM" awk '$1 == "active" { $1 = ""; sub(/^ /, ""); print }' "$FM"; }
+# The fake's layout (tests/fabric/fake_nvfm_state.cc): P0 all 8, P1-P2 fours, P3-P6 pairs (modules 1-2, 3-4, 5-6,
+# 7-8), P7-P14 singles.
+fake_fabric_manager
 start_agent --fabric-manager "unix:$FM" --fabric-library "$BUILD/tests/fabric/lib/libnvfm.so.1"
 partition_attrs() {
     K get resourceslices --field-selector "spec.nodeName=$NODE" -o json | python3 -c '

@@ -17,7 +17,6 @@ source "$(dirname "$0")/realcluster_common.sh"
 RES=nvidia.com/GH100_H200_SXM_141GB
 ENV_NAME=PCI_RESOURCE_NVIDIA_COM_GH100_H200_SXM_141GB
 allocatable_is() { [ "$(K get node $NODE -o jsonpath="{.status.allocatable.nvidia\.com/GH100_H200_SXM_141GB}")" = "$1" ]; }
-fm_active() { flock "$FM" awk '$1 == "active" { $1 = ""; sub(/^ /, ""); print }' "$FM"; }
 active_is() { [ "$(fm_active)" = "$1" ]; }
 
 cleanup() {
@@ -28,22 +27,7 @@ trap cleanup EXIT
 
 echo "== sysfs-sim (hgx-h200-8gpu) in the kubelet's mount namespace, GPUs on vfio-pci; the fake Fabric Manager"
 start_sim hgx-h200-8gpu.json
-# Module ids out of PCI order, as NVIDIA's HGX guide maps them (tests/fabric/fabric_fixture.h).
-FM=$TMP/fm.state
-cat > "$FM" <<EOF
-mode shared
-epoch 0
-gpu 1 0000:9a:00.0
-gpu 2 0000:bb:00.0
-gpu 3 0000:ab:00.0
-gpu 4 0000:db:00.0
-gpu 5 0000:18:00.0
-gpu 6 0000:3b:00.0
-gpu 7 0000:2a:00.0
-gpu 8 0000:5d:00.0
-active
-unsupported
-EOF
+fake_fabric_manager
 
 echo "== agent: run --fabric-manager unix:$FM"
 in_kubelet_ns "$BUILD/src/cli/vfio-gpu-agent" run --node-name $NODE \
