@@ -6,7 +6,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "vfio_gpu_agent/cli/commands.h"
-#include "vfio_gpu_agent/common/grpc_idle.h"
 
 namespace {
 
@@ -42,7 +41,6 @@ int main(int argc, char** argv) {
   // then +1,776 kB with the default, +56 then +16 kB with one arena. The agent allocates little, from a few
   // threads at a time, so the shared arena's lock costs nothing measurable.
   mallopt(M_ARENA_MAX, 1);
-  vfio_agent::CreateGrpcEventEngineOnFirstUse();
   if (argc < 2) {
     std::cerr << kUsage;
     return kExitUsage;
