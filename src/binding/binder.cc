@@ -285,6 +285,7 @@ bool BindReport::ok() const {
 }
 
 absl::StatusOr<BindReport> Bind(const BinderOptions& options) {
+  if (options.targets.none()) return absl::InvalidArgumentError("bind: no device named");
   // The plan never looks at driver_override, and its read waits out a write still blocked on that device.
   absl::StatusOr<pci::Inventory> inventory =
       pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id, .driver_override = false});
@@ -292,7 +293,9 @@ absl::StatusOr<BindReport> Bind(const BinderOptions& options) {
   const pci::Selection selection = pci::Select(*inventory, options.policy);
   absl::StatusOr<TargetDriverChooser> chooser = TargetDriverChooser::FromHost(options.paths, options.kernel_release);
   if (!chooser.ok()) return chooser.status();
-  absl::StatusOr<Plan> plan = RestrictPlan(MakePlan(*inventory, selection, *chooser), options.only);
+  Plan full = MakePlan(*inventory, selection, *chooser);
+  absl::StatusOr<Plan> plan =
+      options.targets.every_selected() ? std::move(full) : RestrictPlan(full, options.targets.bdfs());
   if (!plan.ok()) return plan.status();
 
   BindReport report;

@@ -244,7 +244,6 @@ Plan MakePlan(const pci::Inventory& inventory, const pci::Selection& selection, 
 }
 
 absl::StatusOr<Plan> RestrictPlan(const Plan& plan, const std::vector<std::string>& bdfs) {
-  if (bdfs.empty()) return plan;
   std::set<std::string> wanted;
   for (const std::string& text : bdfs) {
     absl::StatusOr<std::string> bdf = pci::CanonicalBdf(text);

@@ -30,7 +30,7 @@ absl::StatusOr<std::map<int, std::vector<Target>>> ChooseTargets(const UnbindOpt
   auto add = [&](const pci::Function& fn) {
     targets[fn.iommu_group.value_or(-1)].push_back({&fn, selection.RoleOf(fn.bdf)});
   };
-  for (const std::string& text : options.only) {
+  for (const std::string& text : options.targets.bdfs()) {
     absl::StatusOr<std::string> bdf = pci::CanonicalBdf(text);
     if (!bdf.ok()) return bdf.status();
     const pci::Function* fn = inventory.Find(*bdf);
@@ -50,7 +50,7 @@ absl::StatusOr<std::map<int, std::vector<Target>>> ChooseTargets(const UnbindOpt
     if (fn == nullptr) return absl::NotFoundError(absl::StrCat("device ", bdf, " not found under ", options.paths.PciDevices().string()));
     add(*fn);
   }
-  if (options.only.empty() && options.groups.empty() && options.return_to.empty()) {
+  if (options.targets.every_selected()) {
     for (const auto& [bdf, role] : selection.roles) {
       const pci::Function* fn = inventory.Find(bdf);
       if (fn != nullptr && IsManagedRole(role)) add(*fn);
@@ -184,6 +184,9 @@ std::vector<DeviceResult> UnbindGroup(const UnbindOptions& options, int group, c
 }  // namespace
 
 absl::StatusOr<BindReport> Unbind(const UnbindOptions& options) {
+  if (options.targets.none() && options.groups.empty() && options.return_to.empty()) {
+    return absl::InvalidArgumentError("unbind: no device named");
+  }
   absl::StatusOr<pci::Inventory> inventory =
       pci::Scan(options.paths.sysfs_root, {.driver_override = options.return_to.empty()});
   if (!inventory.ok()) return inventory.status();

@@ -90,7 +90,7 @@ absl::StatusOr<binding::BinderOptions> BinderOptionsFromFlags(const ParsedComman
   options.devnode_wait = *wait;
   auto bdfs = BdfFlags(cmd.flags);
   if (!bdfs.ok()) return bdfs.status();
-  options.only = *std::move(bdfs);
+  options.targets = bdfs->empty() ? binding::Targets::EverySelected() : binding::Targets::Devices(*std::move(bdfs));
   auto parallelism = IntFlag(cmd.flags, "parallelism", "0");
   if (!parallelism.ok()) return parallelism.status();
   options.parallelism = *parallelism;
@@ -130,7 +130,6 @@ int RunUnbind(const std::vector<std::string>& args, std::ostream& out) {
   options.write_timeout = *timeout;
   auto bdfs = BdfFlags(cmd.flags);
   if (!bdfs.ok()) return Usage("unbind", bdfs.status());
-  options.only = *std::move(bdfs);
   for (const auto& text : cmd.flags.All("group")) {
     int group = 0;
     auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), group);
@@ -139,9 +138,13 @@ int RunUnbind(const std::vector<std::string>& args, std::ostream& out) {
     }
     options.groups.push_back(group);
   }
-  if (options.only.empty() && options.groups.empty() && !cmd.flags.GetBool("all")) {
+  const bool all = cmd.flags.GetBool("all");
+  if (bdfs->empty() && options.groups.empty() && !all) {
     return Usage("unbind", absl::InvalidArgumentError("name what to give back: --device BDF, --group N or --all"));
   }
+  // --device and --group narrow --all, as they always did.
+  const bool every = all && bdfs->empty() && options.groups.empty();
+  options.targets = every ? binding::Targets::EverySelected() : binding::Targets::Devices(*std::move(bdfs));
   return PrintReport(binding::Unbind(options), cmd.common, "unbind", out);
 }
 

@@ -1,5 +1,7 @@
 #include "vfio_gpu_agent/cli/common_options.h"
 
+#include <cstdlib>
+
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +84,15 @@ absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags) {
   options.json = flags.GetBool("json");
   options.log_level = flags.Get("log-level", "info");
   return options;
+}
+
+absl::StatusOr<std::string> NodeName(const FlagValues& flags) {
+  std::string name = flags.Get("node-name");
+  if (name.empty()) {
+    if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) name = downward;
+  }
+  if (name.empty()) return absl::NotFoundError("no node name: set NODE_NAME (the downward API) or --node-name");
+  return name;
 }
 
 std::shared_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options) {

@@ -109,14 +109,13 @@ absl::StatusOr<daemon::DaemonOptions> DaemonOptionsFromFlags(const ParsedCommand
 absl::StatusOr<std::unique_ptr<kube::NodeReporter>> ConnectReporter(const ParsedCommand& cmd) {
   kube::ConnectOptions options;
   options.kubeconfig = cmd.flags.Get("kubeconfig");
-  options.node_name = cmd.flags.Get("node-name");
-  if (options.node_name.empty()) {
-    if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) options.node_name = downward;
-  }
   if (options.kubeconfig.empty() && std::getenv("KUBERNETES_SERVICE_HOST") == nullptr) {
     spdlog::info("run: not in a cluster and no --kubeconfig; no node condition or events");
     return std::unique_ptr<kube::NodeReporter>();
   }
+  absl::StatusOr<std::string> node_name = NodeName(cmd.flags);
+  if (!node_name.ok()) return absl::InvalidArgumentError(absl::StrCat("run: ", node_name.status().message()));
+  options.node_name = *node_name;
   absl::StatusOr<std::unique_ptr<kube::NodeReporter>> reporter = kube::ConnectNodeReporter(options);
   if (reporter.ok()) {
     spdlog::info("run: reporting node {} to the Kubernetes API", options.node_name);

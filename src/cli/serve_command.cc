@@ -142,19 +142,6 @@ absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
 
 namespace {
 
-// --node-name, else NODE_NAME (the downward API), else the host name, as the kubelet defaults its node name.
-std::string NodeName(const ParsedCommand& cmd) {
-  std::string name = cmd.flags.Get("node-name");
-  if (name.empty()) {
-    if (const char* downward = std::getenv("NODE_NAME"); downward != nullptr) name = downward;
-  }
-  if (name.empty()) {
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) == 0) name = absl::AsciiStrToLower(host);
-  }
-  return name;
-}
-
 }  // namespace
 
 absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd, const names::PciIdsDatabase* db) {
@@ -169,7 +156,8 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   options.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
   options.paths = cmd.common.paths;
   options.policy = cmd.common.policy;
-  options.node_name = NodeName(cmd);
+  // The pool's name is the Node's: slices published under a host name that is not the Node's serve no pod.
+  absl::StatusOr<std::string> node_name = NodeName(cmd.flags);
   options.pci_ids = db;
   options.domain = cmd.common.resource_domain;
   options.overrides = cmd.common.name_overrides;
@@ -177,6 +165,7 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   if (!serve.ok()) return serve.status();
   options.rescan_interval = serve->rescan_interval;
   options.workload = serve->workload;
+  if (absl::Status modes = dra::ValidateModes(options); !modes.ok()) return modes;
   options.vgpu_catalog_file = serve->vgpu_catalog_file;
   // --fabric-manager and its flags, parsed and checked as for the device plugin.
   options.fabric = serve->fabric;
@@ -185,6 +174,10 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   const std::filesystem::path kubeconfig = cmd.flags.Get("kubeconfig");
   absl::StatusOr<std::shared_ptr<kube::ResourceClaimReader>> reader =
       kube::ConnectResourceClaimReader({.kubeconfig = kubeconfig});
+  if (reader.ok()) {
+    if (!node_name.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelet-api dra: ", node_name.status().message()));
+    options.node_name = *node_name;
+  }
   if (!reader.ok()) {
     if (reader.status().code() != absl::StatusCode::kNotFound) return reader.status();
     spdlog::warn("no Kubernetes API ({}): every DRA claim is refused and no ResourceSlice is published until the "
@@ -215,7 +208,7 @@ std::vector<FlagSpec> ServeCommandFlags() {
                    "with --kubelet-api dra: kubeconfig to read ResourceClaims and write ResourceSlices outside a "
                    "cluster", "in-cluster service account"});
   specs.push_back({"node-name", "NAME",
-                   "with --kubelet-api dra: this node's name, the devices' pool (also env NODE_NAME)", "host name"});
+                   "with --kubelet-api dra: this node's name, the devices' pool (also env NODE_NAME)", "$NODE_NAME"});
   return specs;
 }
 

@@ -152,11 +152,10 @@ absl::StatusOr<std::optional<validation::DraValidation>> DraFromFlags(const Pars
     }
     return dra;  // no cluster
   }
-  const char* env_node = std::getenv("NODE_NAME");
-  const std::string node = cmd.flags.Get("node-name", env_node != nullptr ? env_node : "");
-  if (node.empty()) return absl::InvalidArgumentError("--kubelet-api dra in a cluster needs --node-name (or NODE_NAME)");
-  dra.slices = validation::ApiListRead{.request = (*reader)->SlicesRequest(node),
-                                       .body = (*reader)->NodeSlices(node, timeout)};
+  absl::StatusOr<std::string> node = NodeName(cmd.flags);
+  if (!node.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelet-api dra in a cluster: ", node.status().message()));
+  dra.slices = validation::ApiListRead{.request = (*reader)->SlicesRequest(*node),
+                                       .body = (*reader)->NodeSlices(*node, timeout)};
   dra.classes = validation::ApiListRead{.request = (*reader)->ClassesRequest(), .body = (*reader)->DeviceClasses(timeout)};
   return dra;
 }

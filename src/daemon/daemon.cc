@@ -659,6 +659,17 @@ void Daemon::Impl::FollowWorkloadLabel() {
   if (wanted == current) return;
   if (dra_) {
     if (!serving_) {
+      dra::DriverOptions asked = *options_.dra;
+      asked.workload = wanted;
+      if (absl::Status modes = dra::ValidateModes(asked); !modes.ok()) {
+        if (news) {
+          const std::string note = absl::StrCat(why, " asks for ", WorkloadName(wanted), ", which this agent refuses: ",
+                                                modes.message(), "; staying in ", WorkloadName(current));
+          spdlog::warn("workload mode: {}", note);
+          Event(kube::EventType::kWarning, "WorkloadModeUnsupported", "SwitchingMode", note);
+        }
+        return;
+      }
       // Not serving yet: the driver starts in the label's mode.
       spdlog::info("workload mode: {} ({})", WorkloadName(wanted), why);
       options_.serve.workload = wanted;
@@ -787,7 +798,7 @@ void Daemon::Impl::ReleaseToHostDriver() {
     const pci::Function* fn = inventory->Find(bdf);
     if (selection.RoleOf(bdf) != pci::Role::kGpu || fn == nullptr || !fn->iommu_group ||
         !pci::IsVfioDriver(fn->driver) || BackingOff(bdf, now) ||
-        (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group))) {
+        (!options_.bind.targets.every_selected() && !allowed_groups.contains(*fn->iommu_group))) {
       continue;
     }
     on_vfio.push_back({.gpu = bdf, .group = fn->iommu_group, .id = bdf});
@@ -944,7 +955,7 @@ void Daemon::Impl::Conclude(Readiness readiness, Clock::time_point start) {
 
 std::set<int> Daemon::Impl::AllowedGroups(const pci::Inventory& inventory) const {
   std::set<int> groups;
-  for (const std::string& bdf : options_.bind.only) {
+  for (const std::string& bdf : options_.bind.targets.bdfs()) {
     const pci::Function* fn = inventory.Find(bdf);
     if (fn != nullptr && fn->iommu_group) groups.insert(*fn->iommu_group);
   }
@@ -972,23 +983,24 @@ bool Daemon::Impl::BindDue(const pci::Inventory& inventory, const pci::Selection
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
     if (fn == nullptr || pci::IsVfioDriver(fn->driver) || !fn->iommu_group || mode_held_.contains(bdf)) continue;
-    if (!options_.bind.only.empty() && !allowed_groups.contains(*fn->iommu_group)) continue;
+    if (!options_.bind.targets.every_selected() && !allowed_groups.contains(*fn->iommu_group)) continue;
     if (!BackingOff(bdf, now)) due_groups.insert(*fn->iommu_group);
   }
   if (due_groups.empty()) return false;
-  binding::BinderOptions options = options_.bind;
-  options.only.clear();
+  std::vector<std::string> due;
   for (const std::string& bdf : selection.gpus) {
     const pci::Function* fn = inventory.Find(bdf);
     if (fn != nullptr && fn->iommu_group && due_groups.contains(*fn->iommu_group) && !mode_held_.contains(bdf)) {
-      options.only.push_back(bdf);
+      due.push_back(bdf);
     }
   }
-  if (options.only.empty()) return false;
+  if (due.empty()) return false;
+  binding::BinderOptions options = options_.bind;
+  options.targets = binding::Targets::Devices(due);
   absl::StatusOr<binding::BindReport> report = binding::Bind(options);
   if (!report.ok()) {
     // The host changed between the scan and the bind (a device removed): the next pass sees it.
-    spdlog::warn("reconcile: bind of {}: {}", absl::StrJoin(options.only, ","), report.status().ToString());
+    spdlog::warn("reconcile: bind of {}: {}", absl::StrJoin(due, ","), report.status().ToString());
     return true;
   }
   std::vector<std::string> bound;

@@ -16,8 +16,9 @@ std::string DriverText(const std::string& driver) { return driver.empty() ? "no 
 }  // namespace
 
 absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const {
+  if (bdfs.empty()) return RecordedDrivers{};  // a claim with no whole GPU (vGPUs) binds nothing
   binding::BinderOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
-  options.only = bdfs;
+  options.targets = binding::Targets::Devices(bdfs);
   options.deadline = call_start + kBindBudget;
   const absl::Time restore_deadline = call_start + kCallBudget;
   absl::StatusOr<binding::BindReport> report = binding::Bind(options);
@@ -61,6 +62,7 @@ absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::strin
 
 absl::Status BindOnPrepare::Return(const RecordedDrivers& drivers, absl::Time deadline) const {
   binding::UnbindOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
+  options.targets = binding::Targets::Devices({});  // only the functions of return_to
   options.deadline = deadline;
   for (const auto& [bdf, driver] : drivers) {
     // A function unplugged meanwhile has nowhere to go back to; its return is done.

@@ -62,6 +62,8 @@ Json CheckpointJson(const PreparedClaim& claim) {
                {"cdiSpec", claim.cdi_spec},     {"metadataDir", claim.metadata_dir},
                {"devices", std::move(devices)}, {"driversBeforeBind", claim.drivers_before_bind}};
   if (!claim.fabric_partitions.empty()) json["fabricPartitions"] = claim.fabric_partitions;
+  if (!claim.consumers.empty()) json["consumers"] = claim.consumers;
+  if (claim.pending) json["pending"] = true;
   return json;
 }
 
@@ -102,6 +104,12 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
       if (id.is_number_unsigned()) claim.fabric_partitions.push_back(id.get<uint32_t>());
     }
   }
+  if (json.contains("consumers") && json["consumers"].is_array()) {
+    for (const Json& uid : json["consumers"]) {
+      if (uid.is_string()) claim.consumers.push_back(uid.get<std::string>());
+    }
+  }
+  claim.pending = json.contains("pending") && json["pending"].is_boolean() && json["pending"].get<bool>();
   return claim;
 }
 
@@ -156,6 +164,30 @@ std::set<std::string> BdfsOf(const PreparedClaim& claim) {
   std::set<std::string> bdfs;
   for (const PreparedDevice& device : claim.devices) bdfs.insert(device.bdf);
   return bdfs;
+}
+
+// Whether two claims serve one pod: only then may they hold GPUs of one IOMMU group.
+bool ShareConsumer(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return std::any_of(a.begin(), a.end(), [&](const std::string& uid) { return std::find(b.begin(), b.end(), uid) != b.end(); });
+}
+
+// The driver of every function a bind of `bdfs`' IOMMU groups may move (each member not on a vfio driver, bridges
+// aside), as the host has them before the bind.
+RecordedDrivers DriversOffVfio(const pci::Inventory& inventory, const std::vector<std::string>& bdfs) {
+  RecordedDrivers drivers;
+  for (const std::string& bdf : bdfs) {
+    const pci::Function* fn = inventory.Find(bdf);
+    if (fn == nullptr || !fn->iommu_group) continue;
+    const pci::IommuGroup* group = inventory.Group(*fn->iommu_group);
+    if (group == nullptr) continue;
+    for (const std::string& member : group->members) {
+      const pci::Function* function = inventory.Find(member);
+      if (function != nullptr && !function->IsBridge() && !pci::IsVfioDriver(function->driver)) {
+        drivers[member] = function->driver;
+      }
+    }
+  }
+  return drivers;
 }
 
 absl::StatusOr<std::string> ReadBootId(const HostPaths& paths) {
@@ -224,6 +256,17 @@ absl::Status ClaimPreparer::Load() {
       continue;
     }
     const std::string uid = claim->uid;
+    if (claim->pending) {
+      // The process ended inside a Prepare: the kubelet never had an answer and asks again, so undo it.
+      spdlog::warn("DRA claim {}/{} ({}): a Prepare did not finish before the agent stopped; undoing it",
+                   claim->namespace_name, claim->name, uid);
+      if (absl::Status undone = UndoPending(*claim, absl::Now() + kCallBudget); !undone.ok()) {
+        spdlog::error("DRA claim {}/{} ({}): {}; its devices stay held until the kubelet's retry undoes it",
+                      claim->namespace_name, claim->name, uid, std::string(undone.message()));
+        prepared_[uid] = *std::move(claim);
+      }
+      continue;
+    }
     if (fabric_ != nullptr) {
       fabric_->Restore(uid, ClaimRef(claim->namespace_name, claim->name, uid), BdfsOf(*claim),
                        claim->fabric_partitions);
@@ -293,7 +336,25 @@ RecordedDrivers ClaimPreparer::HandOverSharedGroups(const PreparedClaim& claim) 
   return mine;
 }
 
+absl::Status ClaimPreparer::UndoPending(const PreparedClaim& claim, absl::Time deadline) const {
+  RecordedDrivers moved;
+  for (const auto& [bdf, driver] : claim.drivers_before_bind) {
+    absl::StatusOr<std::string> now = fs::ReadLinkBasename(options_.paths.PciDevice(bdf) / "driver");
+    if (now.ok() && pci::IsVfioDriver(*now)) moved[bdf] = driver;
+  }
+  if (!moved.empty()) {
+    const BindOnPrepare returner(options_.paths, options_.policy);
+    if (absl::Status returned = returner.Return(moved, deadline); !returned.ok()) return returned;
+    for (const auto& [bdf, driver] : moved) {
+      spdlog::info("DRA claim {}/{} ({}): {} returned to {} (unfinished Prepare)", claim.namespace_name, claim.name,
+                   claim.uid, bdf, driver.empty() ? "no driver" : driver);
+    }
+  }
+  return Remove(claim);
+}
+
 absl::Status ClaimPreparer::Release(const PreparedClaim& claim, absl::Time deadline) {
+  if (claim.pending) return UndoPending(claim, deadline);
   // Functions first: a claim whose GPUs could not go back keeps its checkpoint, so a retry still knows where.
   if (bind_ && !claim.drivers_before_bind.empty()) {
     const RecordedDrivers returning = HandOverSharedGroups(claim);
@@ -307,13 +368,20 @@ absl::Status ClaimPreparer::Release(const PreparedClaim& claim, absl::Time deadl
 }
 
 absl::Status ClaimPreparer::CheckNotHeld(const std::string& bdf, const std::string& device,
-                                         const std::string& uid) const {
+                                         const kube::ResourceClaim& claim) const {
+  const std::optional<int> group = IommuGroupOf(options_.paths, bdf);
   for (const auto& [other_uid, other] : prepared_) {
-    if (other_uid == uid) continue;
+    if (other_uid == claim.uid) continue;
+    const std::string holder = absl::StrCat("prepared claim ", other.namespace_name, "/", other.name, " (", other.uid, ")");
     for (const PreparedDevice& held : other.devices) {
+      if (held.bdf.empty()) continue;  // an mdev vGPU is no whole function
       if (held.bdf == bdf) {
-        return absl::FailedPreconditionError(absl::StrCat("device ", device, " (", bdf, ") is held by prepared claim ",
-                                                          other.namespace_name, "/", other.name, " (", other.uid, ")"));
+        return absl::FailedPreconditionError(absl::StrCat("device ", device, " (", bdf, ") is held by ", holder));
+      }
+      if (group && IommuGroupOf(options_.paths, held.bdf) == group && !ShareConsumer(claim.reserved_for, other.consumers)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device ", device, " (", bdf, ") shares IOMMU group ", *group, " with ", held.device, " (", held.bdf,
+            ") of ", holder, ", reserved for another pod: a group is passed to one VM whole"));
       }
     }
   }
@@ -321,18 +389,19 @@ absl::Status ClaimPreparer::CheckNotHeld(const std::string& bdf, const std::stri
 }
 
 absl::StatusOr<RecordedDrivers> ClaimPreparer::BindDevices(const std::vector<std::string>& bdfs,
-                                                           const std::string& uid, absl::Time call_start) const {
+                                                           const kube::ResourceClaim& claim,
+                                                           absl::Time call_start) const {
   for (const std::string& bdf : bdfs) {
-    if (absl::Status held = CheckNotHeld(bdf, DeviceName(bdf), uid); !held.ok()) return held;
+    if (absl::Status held = CheckNotHeld(bdf, DeviceName(bdf), claim); !held.ok()) return held;
   }
   return bind_->Bind(bdfs, call_start);
 }
 
 absl::Status ClaimPreparer::CheckDevice(const std::string& bdf, const std::string& device,
                                         const pci::Inventory& inventory, const pci::Selection& selection,
-                                        const std::string& uid) const {
+                                        const kube::ResourceClaim& claim) const {
   const std::string what = absl::StrCat("device ", device, " (", bdf, ")");
-  if (absl::Status held = CheckNotHeld(bdf, device, uid); !held.ok()) return held;
+  if (absl::Status held = CheckNotHeld(bdf, device, claim); !held.ok()) return held;
   const pci::Function* fn = inventory.Find(bdf);
   if (fn == nullptr) {
     return absl::NotFoundError(absl::StrCat(what, ": not in ", options_.paths.PciDevices().string()));
@@ -411,17 +480,55 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     return absl::FailedPreconditionError(absl::StrCat(ref, ": no device allocated to driver ", options_.driver_name));
   }
 
+  PreparedClaim prepared{.namespace_name = claim->namespace_name,
+                         .name = claim->name,
+                         .uid = claim->uid,
+                         .boot_id = boot_id_,
+                         .cdi_spec = options_.cdi_dir / absl::StrCat(options_.driver_name, "_claim_", claim->uid, ".json"),
+                         .metadata_dir = plugin_dir_ / "dra-device-metadata" /
+                                         absl::StrCat(claim->namespace_name, "_", claim->name),
+                         .consumers = claim->reserved_for};
+
   // --bind-on-prepare: the groups go onto vfio-pci first, and the checks below see the host after the bind. From
   // here on a failure returns every function moved before the claim's error is answered.
   RecordedDrivers bound;
   std::optional<pci::Inventory> rescanned;
   pci::Selection reselected;
-  if (bind_) {
-    std::vector<std::string> bdfs;
+  std::vector<std::string> to_bind;
+  if (bind_ && vgpus == nullptr) {  // a vGPU is never a whole GPU to bind
     for (const kube::AllocationResult* result : ours) {
-      if (absl::StatusOr<std::string> bdf = BdfOfDevice(result->device); bdf.ok()) bdfs.push_back(*bdf);
+      if (absl::StatusOr<std::string> bdf = BdfOfDevice(result->device); bdf.ok()) to_bind.push_back(*bdf);
     }
-    absl::StatusOr<RecordedDrivers> moved = BindDevices(bdfs, claim->uid, call_start);
+  }
+  // Before sysfs or Fabric Manager is touched, the checkpoint says what may change: a process killed from here on
+  // leaves a pending record the next start undoes, so no GPU stays on vfio-pci for the rest of the boot.
+  const bool record_intent = !to_bind.empty() || fabric_ != nullptr;
+  PreparedClaim intent = prepared;
+  intent.pending = true;
+  intent.drivers_before_bind = DriversOffVfio(scanned, to_bind);
+  if (record_intent) {
+    if (absl::Status written = WriteCheckpoint(intent); !written.ok()) {
+      return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
+    }
+  }
+  // A failed Prepare leaves no record, unless a function it moved could not go back: then the pending record
+  // stays, its devices held, and the kubelet's retry of this claim undoes it first.
+  absl::Cleanup drop_intent = [&] {
+    if (!record_intent) return;
+    for (const auto& [bdf, driver] : intent.drivers_before_bind) {
+      absl::StatusOr<std::string> now = fs::ReadLinkBasename(options_.paths.PciDevice(bdf) / "driver");
+      if (now.ok() && pci::IsVfioDriver(*now)) {
+        spdlog::warn("DRA prepare: {}: {} stays on {} for now; the claim's next Prepare returns it first", ref, bdf,
+                     *now);
+        prepared_[claim->uid] = intent;
+        return;
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove(CheckpointFile(claim->uid), ec);
+  };
+  if (!to_bind.empty()) {
+    absl::StatusOr<RecordedDrivers> moved = BindDevices(to_bind, *claim, call_start);
     if (!moved.ok()) return absl::Status(moved.status().code(), absl::StrCat(ref, ": ", moved.status().message()));
     bound = *std::move(moved);
     absl::StatusOr<pci::Inventory> after =
@@ -445,14 +552,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   cdi::v1::Spec spec;
   spec.set_cdi_version("0.5.0");  // device names start with the claim UID, maybe a digit
   spec.set_kind(kind);
-  PreparedClaim prepared{.namespace_name = claim->namespace_name,
-                         .name = claim->name,
-                         .uid = claim->uid,
-                         .boot_id = boot_id_,
-                         .cdi_spec = options_.cdi_dir / absl::StrCat(options_.driver_name, "_claim_", claim->uid, ".json"),
-                         .metadata_dir = plugin_dir_ / "dra-device-metadata" /
-                                         absl::StrCat(claim->namespace_name, "_", claim->name),
-                         .drivers_before_bind = bound};
+  prepared.drivers_before_bind = bound;
   std::map<std::string, std::vector<const kube::AllocationResult*>> by_request;
   for (const kube::AllocationResult* result : ours) {
     if (vgpus != nullptr) {
@@ -464,7 +564,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     }
     absl::StatusOr<std::string> bdf = BdfOfDevice(result->device);
     if (!bdf.ok()) return absl::InvalidArgumentError(absl::StrCat(ref, ": ", bdf.status().message()));
-    if (absl::Status device = CheckDevice(*bdf, result->device, inventory, selection, claim->uid); !device.ok()) {
+    if (absl::Status device = CheckDevice(*bdf, result->device, inventory, selection, *claim); !device.ok()) {
       return absl::Status(device.code(), absl::StrCat(ref, ": ", device.message()));
     }
     const pci::Function* fn = inventory.Find(*bdf);
@@ -544,12 +644,14 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
   }
   std::move(undo_bind).Cancel();
+  std::move(drop_intent).Cancel();  // the checkpoint is the final one now
   return prepared;
 }
 
-drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request) {
+drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request,
+                                                           absl::Time call_start) {
   drav1::NodePrepareResourcesResponse response;
-  const absl::Time start = absl::Now();
+  const absl::Time start = call_start;
   // Read once per call, and only when some claim is new: a repeat (the kubelet after a restart) costs no scan.
   std::optional<absl::StatusOr<pci::Inventory>> inventory;
   pci::Selection selection;
@@ -557,7 +659,22 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
   for (const drav1::Claim& claim : request.claims()) {
     drav1::NodePrepareResourceResponse& entry = (*response.mutable_claims())[claim.uid()];
     if (auto it = prepared_.find(claim.uid()); it != prepared_.end()) {
-      entry = ToResponse(it->second);  // a repeat answers what the first call prepared
+      if (!it->second.pending) {
+        entry = ToResponse(it->second);  // a repeat answers what the first call prepared
+        continue;
+      }
+      // A Prepare of this claim that did not finish: undone first, then prepared afresh.
+      if (absl::Status undone = UndoPending(it->second, call_start + kCallBudget); !undone.ok()) {
+        entry.set_error(absl::StrCat(ClaimRef(claim), ": undoing an unfinished Prepare: ", undone.message()));
+        continue;
+      }
+      prepared_.erase(it);
+    }
+    // The call's time counts from the kubelet's call: after a long wait for the driver (another call, the stale-claim
+    // sweep returning GPUs) the claim is not started, and the kubelet's retry finds the driver free.
+    if (absl::Now() >= call_start + kBindBudget) {
+      entry.set_error(absl::StrCat(ClaimRef(claim), ": not started: ", absl::FormatDuration(absl::Now() - call_start),
+                                   " of the kubelet's call went waiting for the driver's other work; retried"));
       continue;
     }
     if (!inventory) {
@@ -591,9 +708,10 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
   return response;
 }
 
-drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::NodeUnprepareResourcesRequest& request) {
+drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::NodeUnprepareResourcesRequest& request,
+                                                               absl::Time call_start) {
   drav1::NodeUnprepareResourcesResponse response;
-  const absl::Time deadline = absl::Now() + kCallBudget;
+  const absl::Time deadline = call_start + kCallBudget;
   for (const drav1::Claim& claim : request.claims()) {
     (*response.mutable_claims())[claim.uid()];
     auto it = prepared_.find(claim.uid());

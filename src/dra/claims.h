@@ -45,6 +45,13 @@ struct PreparedClaim {
   std::vector<PreparedDevice> devices;
   RecordedDrivers drivers_before_bind;  // --bind-on-prepare: what this claim moved to vfio-pci, and from where
   std::vector<uint32_t> fabric_partitions;  // --fabric-manager: the partitions activated for the claim
+  // The pods the claim is reserved for (status.reservedFor UIDs): claims of one pod may share an IOMMU group (one
+  // VM opens it), claims of different pods may not (a group has one owner; the second VM would get EBUSY).
+  std::vector<std::string> consumers;
+  // A Prepare under way: written before sysfs or Fabric Manager is touched, with the driver of every function the
+  // bind may move. A checkpoint still pending after a crash is undone at the next start (or by the kubelet's retry):
+  // each recorded function back on its driver, the claim's files removed.
+  bool pending = false;
 };
 
 class ClaimPreparer final : public ClaimHandler {
@@ -62,8 +69,10 @@ class ClaimPreparer final : public ClaimHandler {
   std::vector<PreparedClaim> Prepared() const;
   absl::Status Forget(const std::string& uid);
 
-  drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request) override;
-  drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) override;
+  drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request,
+                                              absl::Time call_start) override;
+  drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request,
+                                                  absl::Time call_start) override;
 
  private:
   // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
@@ -73,16 +82,17 @@ class ClaimPreparer final : public ClaimHandler {
                                            const VgpuView* vgpus);
   // --bind-on-prepare: the allocated devices' groups onto vfio-pci (a device another claim holds is refused
   // before anything is written).
-  absl::StatusOr<RecordedDrivers> BindDevices(const std::vector<std::string>& bdfs, const std::string& uid,
+  absl::StatusOr<RecordedDrivers> BindDevices(const std::vector<std::string>& bdfs, const kube::ResourceClaim& claim,
                                               absl::Time call_start) const;
-  // The claim held by no other prepared claim (by UID) than `uid`, or the error naming the one that holds it.
-  absl::Status CheckNotHeld(const std::string& bdf, const std::string& device, const std::string& uid) const;
+  // `bdf` and its IOMMU group held by no other prepared claim than `claim` (a claim of the same pod may share the
+  // group), or the error naming the claim that holds it.
+  absl::Status CheckNotHeld(const std::string& bdf, const std::string& device, const kube::ResourceClaim& claim) const;
   // A vGPU device of the claim (vm-vgpu): checked (preparable, held by no other prepared claim), its device nodes
   // added to `spec` and its entry to `prepared`. Never binds anything.
   absl::Status AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus, const std::string& kind,
                        cdi::v1::Spec& spec, PreparedClaim& prepared) const;
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
-                           const pci::Selection& selection, const std::string& uid) const;
+                           const pci::Selection& selection, const kube::ResourceClaim& claim) const;
   // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
   // for each model among `devices`, exactly as the device plugin's Allocate sets it.
   void AddExtendedResourceEnv(const std::vector<PreparedDevice>& devices, const pci::Inventory& inventory,
@@ -91,6 +101,9 @@ class ClaimPreparer final : public ClaimHandler {
   // Removes the claim's CDI spec, metadata and checkpoint file, then releases its Fabric Manager partition.
   absl::Status Remove(const PreparedClaim& claim) const;
   absl::Status WriteCheckpoint(const PreparedClaim& claim) const;
+  // A pending checkpoint (a Prepare cut short by a crash) undone: every recorded function that is on a vfio driver
+  // now goes back to its driver, then Remove. Its devices stay held until that succeeds.
+  absl::Status UndoPending(const PreparedClaim& claim, absl::Time deadline) const;
   // Unprepare's and the sweep's undoing: the functions the claim bound back on their recorded drivers, then Remove.
   absl::Status Release(const PreparedClaim& claim, absl::Time deadline);
   // The claim's records less those of IOMMU groups another prepared claim still uses: those go to that claim (and

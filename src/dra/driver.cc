@@ -71,6 +71,15 @@ absl::Status ValidateDriverName(std::string_view name) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateModes(const DriverOptions& options) {
+  if (options.bind_on_prepare && options.workload == Workload::kVmVgpu) {
+    return absl::InvalidArgumentError(
+        "--bind-on-prepare binds whole GPUs to vfio-pci and is for vm-passthrough nodes; on a vm-vgpu node the GPUs "
+        "stay with the vGPU manager (drop --bind-on-prepare, or serve this node as vm-passthrough)");
+  }
+  return absl::OkStatus();
+}
+
 std::filesystem::path RegistrationSocket(const DriverOptions& options) {
   return options.registry_dir / (options.driver_name + "-reg.sock");
 }
@@ -97,6 +106,7 @@ class Driver::Impl {
 
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
+    if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
     if (options_.workload == Workload::kVmVgpu) {
       if (absl::Status loaded = vgpu_catalog_.Load(); !loaded.ok()) {

@@ -72,35 +72,39 @@ RegistrationStatus RegistrationService::Status() const {
 
 grpc::Status DraServiceV1::NodePrepareResources(grpc::ServerContext*, const drav1::NodePrepareResourcesRequest* request,
                                                 drav1::NodePrepareResourcesResponse* response) {
+  const absl::Time call_start = absl::Now();
   std::lock_guard lock(serialize_);
-  *response = handler_.Prepare(*request);
+  *response = handler_.Prepare(*request, call_start);
   return grpc::Status::OK;
 }
 
 grpc::Status DraServiceV1::NodeUnprepareResources(grpc::ServerContext*,
                                                   const drav1::NodeUnprepareResourcesRequest* request,
                                                   drav1::NodeUnprepareResourcesResponse* response) {
+  const absl::Time call_start = absl::Now();
   std::lock_guard lock(serialize_);
-  *response = handler_.Unprepare(*request);
+  *response = handler_.Unprepare(*request, call_start);
   return grpc::Status::OK;
 }
 
 grpc::Status DraServiceV1beta1::NodePrepareResources(grpc::ServerContext*,
                                                      const drav1beta1::NodePrepareResourcesRequest* request,
                                                      drav1beta1::NodePrepareResourcesResponse* response) {
+  const absl::Time call_start = absl::Now();
   drav1::NodePrepareResourcesRequest v1_request;
   if (grpc::Status status = Convert(*request, &v1_request); !status.ok()) return status;
   std::lock_guard lock(serialize_);
-  return Convert(handler_.Prepare(v1_request), response);
+  return Convert(handler_.Prepare(v1_request, call_start), response);
 }
 
 grpc::Status DraServiceV1beta1::NodeUnprepareResources(grpc::ServerContext*,
                                                        const drav1beta1::NodeUnprepareResourcesRequest* request,
                                                        drav1beta1::NodeUnprepareResourcesResponse* response) {
+  const absl::Time call_start = absl::Now();
   drav1::NodeUnprepareResourcesRequest v1_request;
   if (grpc::Status status = Convert(*request, &v1_request); !status.ok()) return status;
   std::lock_guard lock(serialize_);
-  return Convert(handler_.Unprepare(v1_request), response);
+  return Convert(handler_.Unprepare(v1_request, call_start), response);
 }
 
 }  // namespace vfio_agent::dra::internal

@@ -5,6 +5,8 @@
 #include <functional>
 #include <mutex>
 
+#include "absl/time/time.h"
+
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
@@ -19,8 +21,12 @@ namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 class ClaimHandler {
  public:
   virtual ~ClaimHandler() = default;
-  virtual drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request) = 0;
-  virtual drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request) = 0;
+  // `call_start`: when the kubelet's call arrived, before any wait for the driver's lock; every budget of the call
+  // (the kubelet gives it 45 s) counts from there.
+  virtual drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request,
+                                                      absl::Time call_start) = 0;
+  virtual drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request,
+                                                          absl::Time call_start) = 0;
 };
 
 // pluginregistration.Registration: GetInfo describes the driver; NotifyRegistrationStatus is recorded, logged and

@@ -71,6 +71,12 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
                                .device = StringAt(result, "device")});
     }
   }
+  if (object.contains("status") && object["status"].is_object() && object["status"].contains("reservedFor") &&
+      object["status"]["reservedFor"].is_array()) {
+    for (const Json& consumer : object["status"]["reservedFor"]) {
+      if (const std::string uid = StringAt(consumer, "uid"); !uid.empty()) claim.reserved_for.push_back(uid);
+    }
+  }
   return claim;
 }
 

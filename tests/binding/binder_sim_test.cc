@@ -65,6 +65,7 @@ class BinderSimTest : public ::testing::Test {
   BinderOptions BindOptions() const {
     BinderOptions options;
     options.paths = paths_;
+    options.targets = vfio_agent::binding::Targets::EverySelected();
     options.write_timeout = kGenerous;
     options.devnode_wait = kGenerous;
     options.kernel_release = "6.1.0-sim";
@@ -73,6 +74,7 @@ class BinderSimTest : public ::testing::Test {
   UnbindOptions RestoreOptions() const {
     UnbindOptions options;
     options.paths = paths_;
+    options.targets = vfio_agent::binding::Targets::EverySelected();
     options.write_timeout = kGenerous;
     return options;
   }
@@ -236,14 +238,31 @@ TEST_F(BinderSimTest, DryRunWritesNothing) {
 TEST_F(BinderSimTest, OnlyBindsTheNamedDevice) {
   StartNode("a10x2-nvidia.json");
   BinderOptions options = BindOptions();
-  options.only = {"86:00.0"};
+  options.targets = vfio_agent::binding::Targets::Devices({"86:00.0"});
   const BindReport report = MustBind(options);
   ASSERT_EQ(report.devices.size(), 1u);
   EXPECT_EQ(report.devices[0].outcome, Outcome::kBound);
   EXPECT_EQ(Driver("0000:86:00.0"), "vfio-pci");
   EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
-  options.only = {"0000:99:00.0"};
+  options.targets = vfio_agent::binding::Targets::Devices({"0000:99:00.0"});
   EXPECT_FALSE(Bind(options).ok());
+}
+
+// An empty list of devices is nothing, never the whole node: a DRA claim of vGPUs once gave the binder no BDF and
+// every GPU of the node left its host driver (issue 31, defect 1).
+TEST_F(BinderSimTest, NoNamedDeviceBindsNothing) {
+  StartNode("a10x2-nvidia.json");
+  BinderOptions options = BindOptions();
+  options.targets = vfio_agent::binding::Targets::Devices({});
+  const absl::StatusOr<BindReport> report = Bind(options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_THAT(std::string(report.status().message()), HasSubstr("no device named"));
+  EXPECT_THAT(sim_->Log(), IsEmpty());
+  EXPECT_EQ(Driver("0000:3b:00.0"), "nvidia");
+  EXPECT_EQ(Driver("0000:86:00.0"), "nvidia");
+  UnbindOptions unbind = RestoreOptions();
+  unbind.targets = vfio_agent::binding::Targets::Devices({});
+  EXPECT_FALSE(Unbind(unbind).ok());
 }
 
 // One GPU's unbind never returns (nvidia waiting for its clients): that device is abandoned at the
@@ -416,7 +435,7 @@ TEST_F(BinderSimTest, ReturnToAFunctionAlreadyOnItsDriverClearsTheOverrideOnly) 
   StartNode("a10x2-nvidia.json");
   ASSERT_TRUE(sim_->Control("unbind-delay 0000:3b:00.0 -1").ok());
   BinderOptions bind = BindOptions();
-  bind.only = {"0000:3b:00.0"};
+  bind.targets = vfio_agent::binding::Targets::Devices({"0000:3b:00.0"});
   bind.write_timeout = absl::Seconds(1);  // hit for certain: the unbind blocks until released
   const BindReport stuck = MustBind(bind);
   ASSERT_EQ(Device(stuck, "0000:3b:00.0").outcome, Outcome::kBlocked);
@@ -438,7 +457,7 @@ TEST_F(BinderSimTest, TheCallersDeadlineEndsABlockedWriteBeforeItsOwnTimeout) {
   StartNode("a10x2-nvidia.json");
   ASSERT_TRUE(sim_->Control("unbind-delay 0000:3b:00.0 -1").ok());
   BinderOptions options = BindOptions();  // writes may wait 20 s
-  options.only = {"0000:3b:00.0"};
+  options.targets = vfio_agent::binding::Targets::Devices({"0000:3b:00.0"});
   const absl::Time start = absl::Now();
   options.deadline = start + absl::Seconds(2);
   const BindReport report = MustBind(options);
@@ -451,7 +470,7 @@ TEST_F(BinderSimTest, TheCallersDeadlineEndsABlockedWriteBeforeItsOwnTimeout) {
   EXPECT_LT(took, kGenerous);
   // Past the deadline no write starts at all.
   const size_t log_size = sim_->Log().size();
-  options.only = {"0000:86:00.0"};
+  options.targets = vfio_agent::binding::Targets::Devices({"0000:86:00.0"});
   const BindReport late = MustBind(options);
   EXPECT_EQ(Device(late, "0000:86:00.0").outcome, Outcome::kBlocked);
   EXPECT_THAT(Device(late, "0000:86:00.0").reason, HasSubstr("deadline has passed"));
@@ -462,13 +481,14 @@ TEST_F(BinderSimTest, TheCallersDeadlineEndsABlockedWriteBeforeItsOwnTimeout) {
 TEST_F(BinderSimTest, UnbindOneDeviceOrOneGroup) {
   StartNode("a10-t4-mixed.json");  // all four on vfio-pci already
   UnbindOptions one = RestoreOptions();
-  one.only = {"0000:af:00.0"};
+  one.targets = vfio_agent::binding::Targets::Devices({"0000:af:00.0"});
   BindReport report = MustUnbind(one);
   ASSERT_EQ(report.devices.size(), 1u);
   EXPECT_EQ(report.devices[0].outcome, Outcome::kRestored);
   EXPECT_EQ(Driver("0000:af:00.0"), "nvidia");
 
   UnbindOptions group = RestoreOptions();
+  group.targets = vfio_agent::binding::Targets::Devices({});  // the group alone
   group.groups = {47};
   report = MustUnbind(group);
   ASSERT_EQ(report.devices.size(), 1u);

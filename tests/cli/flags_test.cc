@@ -211,6 +211,8 @@ absl::StatusOr<ParsedCommand> ParseServe(const std::vector<std::string>& args) {
   std::vector<FlagSpec> specs = CommonFlagSpecs();
   for (FlagSpec& spec : ServeFlags()) specs.push_back(std::move(spec));
   for (FlagSpec& spec : DraFlags()) specs.push_back(std::move(spec));
+  specs.push_back({"kubeconfig", "FILE", "", ""});  // as `serve` and `run` add them
+  specs.push_back({"node-name", "NAME", "", ""});
   ParsedCommand cmd;
   bool help = false;
   FakeEnv env;
@@ -263,6 +265,50 @@ TEST(ServeOptionsTest, TheDraDriverTakesTheFabricFlags) {
   absl::StatusOr<ParsedCommand> bad = ParseServe({"--kubelet-api=dra", "--fabric-manager=unix:/x", "--nvswitches"});
   ASSERT_TRUE(bad.ok()) << bad.status();
   EXPECT_EQ(DraOptionsFromFlags(*bad, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --bind-on-prepare binds whole GPUs; on a vm-vgpu node it once moved every GPU of the node (and its vGPUs) on each
+// claim. The command line refuses the pair, naming both (issue 31, defect 1).
+TEST(ServeOptionsTest, BindOnPrepareIsRefusedOnAVgpuNode) {
+  absl::StatusOr<ParsedCommand> cmd = ParseServe({"--kubelet-api=dra", "--bind-on-prepare", "--workload=vm-vgpu"});
+  ASSERT_TRUE(cmd.ok()) << cmd.status();
+  absl::StatusOr<dra::DriverOptions> options = DraOptionsFromFlags(*cmd, nullptr);
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--bind-on-prepare"), std::string::npos) << options.status();
+  EXPECT_NE(options.status().message().find("vm-vgpu"), std::string::npos) << options.status();
+  absl::StatusOr<ParsedCommand> passthrough = ParseServe({"--kubelet-api=dra", "--bind-on-prepare"});
+  ASSERT_TRUE(passthrough.ok()) << passthrough.status();
+  EXPECT_TRUE(DraOptionsFromFlags(*passthrough, nullptr).ok());
+}
+
+// One rule for the node's name in every command: --node-name, else NODE_NAME; never the host name, which a DRA
+// driver once took for its slices' pool while the reporter of the same `run` had no name at all (issue 31,
+// defect 11). With an API to write to, no name is a usage error naming both ways to give it.
+TEST(ServeOptionsTest, TheDraPoolIsTheNodeNameNeverTheHostName) {
+  vfio_agent::testing::TempDir dir;
+  std::ofstream(dir.path() / "kubeconfig") << "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                                           << "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+                                           << "users: [{name: u, user: {token: t}}]\n"
+                                           << "contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+  const std::string kubeconfig = "--kubeconfig=" + (dir.path() / "kubeconfig").string();
+  ::unsetenv("NODE_NAME");
+  absl::StatusOr<ParsedCommand> unnamed = ParseServe({"--kubelet-api=dra", kubeconfig});
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status();
+  absl::StatusOr<dra::DriverOptions> refused = DraOptionsFromFlags(*unnamed, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("NODE_NAME"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--node-name"), std::string::npos) << refused.status();
+
+  absl::StatusOr<ParsedCommand> named = ParseServe({"--kubelet-api=dra", kubeconfig, "--node-name=node-a"});
+  ASSERT_TRUE(named.ok()) << named.status();
+  absl::StatusOr<dra::DriverOptions> options = DraOptionsFromFlags(*named, nullptr);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->node_name, "node-a");
+  ::setenv("NODE_NAME", "node-b", 1);
+  absl::StatusOr<dra::DriverOptions> downward = DraOptionsFromFlags(*unnamed, nullptr);
+  ::unsetenv("NODE_NAME");
+  ASSERT_TRUE(downward.ok()) << downward.status();
+  EXPECT_EQ(downward->node_name, "node-b");
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ TEST(HostRulesTest, IommufdOnlyHostBindSucceedsAndThePluginAgrees) {
   for (int i = 0; i < 8; ++i) std::ofstream(dev / "vfio/devices" / ("vfio" + std::to_string(i))) << "";
 
   binding::BinderOptions options;
+  options.targets = binding::Targets::EverySelected();
   options.paths.sysfs_root = (*sim)->sysfs_root();
   options.paths.dev_root = dev;
   options.devnode_wait = absl::Seconds(5);
@@ -69,6 +70,7 @@ TEST(HostRulesTest, CdevsWithoutIommufdAreNotADevnode) {
   std::filesystem::create_directories(dev / "vfio/devices");
   for (int i = 0; i < 8; ++i) std::ofstream(dev / "vfio/devices" / ("vfio" + std::to_string(i))) << "";
   binding::BinderOptions options;
+  options.targets = binding::Targets::EverySelected();
   options.paths.sysfs_root = (*sim)->sysfs_root();
   options.paths.dev_root = dev;
   options.devnode_wait = absl::Milliseconds(100);

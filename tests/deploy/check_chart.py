@@ -147,6 +147,11 @@ def cmd_schema(c, args):
         (["--set", "dra.deviceClasses={H200,H200}"], "/dra/deviceClasses", "items at"),
         (["--set", "kubeletApi=dra", "--set", "dra.bindOnPrepare=yes"], "/dra/bindOnPrepare", "want boolean"),
         (["--set", "dra.bindOnPrepare=true"], "", "'allOf' failed"),  # a device-plugin node binds at start
+        # A vGPU node's GPUs stay with the vGPU manager: binding one would take its vGPUs (issue 31, defect 1).
+        (["-f", "values-dra.yaml", "--set", "dra.bindOnPrepare=true", "--set", "workloadMode=vm-vgpu"], "",
+         "'allOf' failed"),
+        (["-f", "values-dra.yaml", "--set", "dra.bindOnPrepare=true", "--set", "workloadMode=label"], "",
+         "'allOf' failed"),
         (["--set", "metrics.prot=9400"], "/metrics", "'prot' not allowed"),
         (["--set", "nodeselector.label=x"], "", "'nodeselector' not allowed"),
         (["--set", "logLevel=verbose"], "/logLevel", "value must be one of"),

@@ -2,12 +2,14 @@
 // binds on the FUSE sysfs simulator, which moves drivers as the kernel does and blocks a write when told to. Every
 // GPU starts on its host driver; each test reads where every function of the group is afterwards.
 #include <chrono>
+#include <future>
 #include <fstream>
 #include <map>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "driver_start.h"
 #include "kube/api_sim_fixture.h"
@@ -84,8 +86,9 @@ class BindOnPrepareTest : public kube::testing::KubeApiSimTest {
 
   void StartAgent() { ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_)); }
 
-  // Allocated by the scheduler: one request per GPU.
-  void AddClaim(const std::string& uid, const std::vector<std::string>& gpus) {
+  // Allocated by the scheduler: one request per GPU, reserved for `pod` (by default a pod of its own).
+  void AddClaim(const std::string& uid, const std::vector<std::string>& gpus, std::string pod = "") {
+    if (pod.empty()) pod = "pod-" + uid;
     Json results = Json::array();
     for (const std::string& bdf : gpus) {
       results.push_back({{"request", absl::StrCat("gpu", results.size())}, {"driver", kDriverName}, {"pool", "node-a"},
@@ -93,7 +96,8 @@ class BindOnPrepareTest : public kube::testing::KubeApiSimTest {
     }
     const Json claim = {{"metadata", {{"namespace", "vms"}, {"name", "claim-" + uid}, {"uid", uid}}},
                         {"spec", {{"devices", {{"requests", Json::array()}}}}},
-                        {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
+                        {"status", {{"allocation", {{"devices", {{"results", results}}}}},
+                                    {"reservedFor", {{{"resource", "pods"}, {"name", pod}, {"uid", pod}}}}}}};
     ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
   }
 
@@ -287,16 +291,16 @@ TEST_F(BindOnPrepareTest, AGpuSharingItsGroupWithAForeignDeviceIsTaintedAndRefus
   ExpectOn({{"0000:3b:00.0", "nvidia"}, {"0000:3c:00.0", "i40e"}});
 }
 
-// Two GPUs in one IOMMU group (no ACS between them), each in its own claim: the first claim bound the group, but
-// its Unprepare must not pull the second GPU from under the other claim's VM. The last claim out returns both.
+// Two GPUs in one IOMMU group (no ACS between them), each in its own claim of one VM's pod: the first claim bound the
+// group, but its Unprepare must not pull the second GPU from under the VM. The last claim out returns both.
 TEST_F(BindOnPrepareTest, TheLastClaimOutOfASharedGroupReturnsIt) {
   Json node = Json::parse(fs::ReadTrimmed(sim::NodeFile("a10x2-nvidia.json")).value_or("{}"));
   for (Json& device : node["devices"]) device["iommu_group"] = 33;
   std::ofstream(dir_.path() / "shared-group.json") << node.dump();
   StartHost(dir_.path() / "shared-group.json");
   StartAgent();
-  AddClaim("uid-a", {kA10First});
-  AddClaim("uid-b", {kA10Second});
+  AddClaim("uid-a", {kA10First}, "vm-pod");
+  AddClaim("uid-b", {kA10Second}, "vm-pod");
   ASSERT_EQ(Prepare("uid-a"), "");
   ASSERT_EQ(Prepare("uid-b"), "");
   ASSERT_EQ(Unprepare("uid-a"), "");
@@ -306,6 +310,82 @@ TEST_F(BindOnPrepareTest, TheLastClaimOutOfASharedGroupReturnsIt) {
   EXPECT_EQ(checkpoint["driversBeforeBind"].size(), 2u) << checkpoint.dump();
   ASSERT_EQ(Unprepare("uid-b"), "");
   ExpectOn({{kA10First, "nvidia"}, {kA10Second, "nvidia"}});
+}
+
+// Two GPUs of one IOMMU group in claims of two pods: a group has one owner, so the second VM would fail with EBUSY
+// on /dev/vfio/<group>. The second claim is refused, naming the first, and nothing is written for it (issue 31,
+// defect 4).
+TEST_F(BindOnPrepareTest, AGroupIsNeverSplitBetweenClaimsOfTwoPods) {
+  Json node = Json::parse(fs::ReadTrimmed(sim::NodeFile("a10x2-nvidia.json")).value_or("{}"));
+  for (Json& device : node["devices"]) device["iommu_group"] = 33;
+  std::ofstream(dir_.path() / "shared-group.json") << node.dump();
+  StartHost(dir_.path() / "shared-group.json");
+  StartAgent();
+  AddClaim("uid-a", {kA10First});
+  AddClaim("uid-b", {kA10Second});
+  ASSERT_EQ(Prepare("uid-a"), "");
+  const size_t writes = sim_->Log().size();
+  const std::string error = Prepare("uid-b");
+  EXPECT_THAT(error, HasSubstr(absl::StrCat("shares IOMMU group 33 with ", DeviceName(kA10First), " (", kA10First,
+                                            ") of prepared claim vms/claim-uid-a (uid-a)")));
+  EXPECT_EQ(sim_->Log().size(), writes);
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-b")));
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-b")));
+  ASSERT_EQ(Unprepare("uid-a"), "");
+  EXPECT_EQ(Prepare("uid-b"), "");  // once the group is free, the other pod gets it
+}
+
+// The checkpoint says what a Prepare may change before the first sysfs write: while the GPU's unbind is blocked in
+// the kernel, the claim's record is on disk, pending, with every function's driver before (issue 31, defect 5).
+TEST_F(BindOnPrepareTest, APrepareIsRecordedBeforeSysfsIsTouched) {
+  StartHost(sim::NodeFile("workstation-gpu-audio-usb.json"), {absl::StrCat("unbind-delay ", kQuadro, " -1")});
+  StartAgent();
+  AddClaim("uid-1", {kQuadro});
+  std::future<std::string> prepared = std::async(std::launch::async, [this] { return Prepare("uid-1"); });
+  // The kernel holds the GPU's unbind (the simulator logs the wait before it starts waiting).
+  EXPECT_TRUE(vfio_agent::testing::WaitUntil([&] {
+    return absl::c_linear_search(sim_->Log(), absl::StrCat("unbind-wait ", kQuadro, " nvidia"));
+  }));
+  const Json record = Json::parse(fs::ReadTrimmed(Checkpoint("uid-1")).value_or("{}"), nullptr, false);
+  EXPECT_TRUE(record.is_object() && record.value("pending", false)) << record.dump();
+  if (record.is_object() && record.contains("driversBeforeBind")) {
+    EXPECT_EQ(record["driversBeforeBind"], Json(kQuadroGroup)) << record.dump();
+  }
+  ASSERT_TRUE(sim_->Control(absl::StrCat("unbind-delay ", kQuadro, " 0")).ok());
+  ASSERT_TRUE(sim_->Control(absl::StrCat("release ", kQuadro)).ok());
+  EXPECT_EQ(prepared.get(), "");
+  const Json final_record = Json::parse(fs::ReadTrimmed(Checkpoint("uid-1")).value_or("{}"));
+  EXPECT_FALSE(final_record.value("pending", false)) << final_record.dump();
+  ASSERT_EQ(Unprepare("uid-1"), "");
+  ExpectOn(kQuadroGroup);
+}
+
+// An agent killed inside a Prepare (after the bind, before the checkpoint was final) leaves a pending record: the
+// next start returns each function it names to its driver and removes the claim's files, and the kubelet's retry
+// prepares the claim afresh (issue 31, defect 5).
+TEST_F(BindOnPrepareTest, ARestartUndoesAPrepareCutShort) {
+  StartHost(sim::NodeFile("workstation-gpu-audio-usb.json"),
+            {"set-driver 0000:01:00.0 vfio-pci", "set-driver 0000:01:00.1 vfio-pci"});  // where the bind had got to
+  const std::string boot_id = fs::ReadTrimmed("/proc/sys/kernel/random/boot_id").value_or("");
+  const Json pending = {{"bootID", boot_id},
+                        {"namespace", "vms"},
+                        {"name", "claim-uid-1"},
+                        {"uid", "uid-1"},
+                        {"cdiSpec", CdiSpec("uid-1").string()},
+                        {"metadataDir", (dir_.path() / "plugins" / kDriverName / "dra-device-metadata/vms_claim-uid-1").string()},
+                        {"devices", Json::array()},
+                        {"driversBeforeBind", kQuadroGroup},
+                        {"pending", true}};
+  std::filesystem::create_directories(Checkpoint("uid-1").parent_path());
+  std::ofstream(Checkpoint("uid-1")) << pending.dump();
+  StartAgent();
+  ExpectOn(kQuadroGroup);
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-1")));
+  AddClaim("uid-1", {kQuadro});
+  ASSERT_EQ(Prepare("uid-1"), "");
+  EXPECT_EQ(DriverOf(kQuadro), "vfio-pci");
+  ASSERT_EQ(Unprepare("uid-1"), "");
+  ExpectOn(kQuadroGroup);
 }
 
 }  // namespace

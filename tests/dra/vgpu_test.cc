@@ -3,6 +3,7 @@
 // node's ResourceSlice (the bare mdevUUID KubeVirt reads, or the VF's pciBusID), Prepare through kubelet-dra-sim
 // with the ResourceClaim on the fake API server (CDI spec and KEP-5304 metadata read back), and a removed mdev
 // turning unhealthy and tainted. Nothing is ever bound or unbound (the simulator's log of kernel writes).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -249,6 +250,21 @@ TEST_F(DraVgpuTest, SriovSliceDevicesCarryTheVfAddressTheProfileAndThePfsNumaNod
     EXPECT_TRUE(attributes.contains("resource.kubernetes.io/pcieRoot"));
     EXPECT_FALSE(attributes.contains("mdevUUID"));
   }
+}
+
+// --bind-on-prepare on a vm-vgpu node once bound every GPU of the node on each vGPU claim (its vGPUs gone with
+// them): the driver now refuses to start that way, naming both, and writes nothing (issue 31, defect 1).
+TEST_F(DraVgpuTest, RefusesBindOnPrepareOnAVgpuNode) {
+  StartSim("vgpu-mdev-t4-a10.json", "t4-2q-2");
+  DriverOptions options = Options();
+  options.bind_on_prepare = true;
+  Driver driver(options);
+  const absl::Status started = driver.Start();
+  EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(started.message()), ::testing::HasSubstr("--bind-on-prepare"));
+  EXPECT_THAT(std::string(started.message()), ::testing::HasSubstr("vm-vgpu"));
+  EXPECT_THAT(WritesSinceApply(), ::testing::IsEmpty());
+  EXPECT_EQ(Discovered().mdevs.size(), 2u);
 }
 
 TEST_F(DraVgpuTest, PreparesAnMdevClaimWithItsOwnGroupNodeAndTheMdevUuidInTheMetadata) {

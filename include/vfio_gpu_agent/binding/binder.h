@@ -18,13 +18,38 @@
 
 namespace vfio_agent::binding {
 
+// Which functions a bind or an unbind touches. Never implied by an empty list: a default Targets touches nothing,
+// and "every selected device" is asked for by name, so a caller whose list of BDFs came out empty (a DRA claim of
+// vGPUs, a filter that matched nothing) can never move every GPU of the node.
+class Targets {
+ public:
+  Targets() = default;  // nothing
+  static Targets EverySelected() {
+    Targets targets;
+    targets.every_selected_ = true;
+    return targets;
+  }
+  static Targets Devices(std::vector<std::string> bdfs) {
+    Targets targets;
+    targets.bdfs_ = std::move(bdfs);
+    return targets;
+  }
+  bool every_selected() const { return every_selected_; }
+  const std::vector<std::string>& bdfs() const { return bdfs_; }  // with !every_selected()
+  bool none() const { return !every_selected_ && bdfs_.empty(); }
+
+ private:
+  bool every_selected_ = false;
+  std::vector<std::string> bdfs_;
+};
+
 struct BinderOptions {
   HostPaths paths;
   pci::SelectionPolicy policy;  // policy.include_nvswitches is the --nvswitches switch
   absl::Duration write_timeout = absl::Seconds(5);
   absl::Duration devnode_wait = absl::Seconds(2);  // for /dev/vfio/<group> to appear after a bind
   bool dry_run = false;
-  std::vector<std::string> only;  // BDFs; their whole groups are bound. Empty = every selected device.
+  Targets targets;  // Devices(): their whole IOMMU groups are bound
   int parallelism = 0;            // groups processed at once; 0 = one worker per group
   std::string kernel_release;     // for modules.alias and module loading; "" = uname -r
   // No write starts after it and none waits past it (each waits the earlier of write_timeout and this), nor
@@ -36,12 +61,12 @@ struct UnbindOptions {
   HostPaths paths;
   pci::SelectionPolicy policy;
   absl::Duration write_timeout = absl::Seconds(5);
-  std::vector<std::string> only;  // BDFs (just these functions)
-  std::vector<int> groups;        // IOMMU groups (every member on a vfio driver)
+  Targets targets;          // Devices(): just these functions; EverySelected(): every managed function
+  std::vector<int> groups;  // IOMMU groups (every member on a vfio driver)
   bool force = false;             // unbind even when /dev/vfio/<group> is open
   int parallelism = 0;
   // Functions to return to a named driver instead of whatever the host reprobes: BDF -> driver, "" = leave it
-  // without a driver. Each is a target like `only`. The override is set to that driver (so nothing else can take
+  // without a driver. Each is a target like those of `targets`. The override is set to that driver (so nothing else can take
   // the function in between), the vfio driver unbound, the function bound to it and verified, and the override
   // cleared again, so a later reprobe is the host's normal one. driver_override is not read with return_to (its
   // read waits on a device lock a blocked write may hold): these functions are always written.
@@ -87,8 +112,8 @@ struct BindReport {
   bool ok() const;
 };
 
-// Scans, plans and binds. An error status only when nothing could be attempted (sysfs unreadable, a BDF in
-// `only` not selected); per-device failures are in the report.
+// Scans, plans and binds. An error status only when nothing could be attempted (sysfs unreadable, a BDF of
+// `targets` not selected, no target at all); per-device failures are in the report.
 absl::StatusOr<BindReport> Bind(const BinderOptions& options);
 absl::StatusOr<BindReport> Unbind(const UnbindOptions& options);
 

@@ -116,8 +116,8 @@ struct Plan {
 // because vfio-pci cannot take it and unbinding would leave it without any driver.
 Plan MakePlan(const pci::Inventory& inventory, const pci::Selection& selection, const TargetDriverChooser& chooser);
 
-// Keeps the groups holding any of `bdfs` (whole groups: binding one member binds its group).
-// InvalidArgument naming a BDF that is not in the plan. Empty `bdfs` keeps everything.
+// Keeps the groups holding any of `bdfs` (whole groups: binding one member binds its group); empty `bdfs` keeps
+// nothing. InvalidArgument naming a BDF that is not in the plan.
 absl::StatusOr<Plan> RestrictPlan(const Plan& plan, const std::vector<std::string>& bdfs);
 
 // Human-readable plan, one line per group and one per member (what `bind --dry-run` prints).

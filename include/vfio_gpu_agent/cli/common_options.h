@@ -34,6 +34,12 @@ std::vector<FlagSpec> CommonFlagSpecs();
 
 absl::StatusOr<CommonOptions> CommonOptionsFromFlags(const FlagValues& flags);
 
+// This node's name, one rule for every command: --node-name, else NODE_NAME (the downward API). Never the host
+// name: a Node, its slices' pool and its events must name the same object, and a host name differs from the
+// Node's name on many clusters. NotFound naming both when neither is set: a command that writes to the API under
+// the name refuses to start without it; one that only reads the host may go on without.
+absl::StatusOr<std::string> NodeName(const FlagValues& flags);
+
 // The --pci-ids database, or else the first of the default locations if it can be loaded: a missing default
 // database only costs names (pinned names and hex ids still work), so it is logged, not fatal. May be null.
 std::shared_ptr<names::PciIdsDatabase> LoadNameDatabase(const CommonOptions& options);

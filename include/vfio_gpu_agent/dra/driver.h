@@ -112,6 +112,10 @@ struct RegistrationStatus {
   std::string error;        // the kubelet's error from the last notification, "" when accepted
 };
 
+// The combinations the driver refuses, with the reason for an operator: --bind-on-prepare moves whole GPUs, and a
+// vm-vgpu node's GPUs belong to the vGPU manager (binding one would destroy every vGPU on it).
+absl::Status ValidateModes(const DriverOptions& options);
+
 // DNS subdomain rules for a driver name (Kubernetes validates ResourceSlice.spec.driver the same way): at most
 // 63 characters, lower-case alphanumerics, '-' and '.', each label starting and ending alphanumeric.
 absl::Status ValidateDriverName(std::string_view name);

@@ -33,6 +33,7 @@ struct ResourceClaim {
   std::map<std::string, std::string> annotations;
   bool allocated = false;  // status.allocation is set
   std::vector<AllocationResult> results;
+  std::vector<std::string> reserved_for;  // status.reservedFor[].uid: the pods (consumers) the claim is reserved for
 };
 
 struct ClaimReaderOptions {

@@ -39,6 +39,7 @@ void BM_Bind8GpusSlowUnbind(benchmark::State& state) {
     return;
   }
   BinderOptions options;
+  options.targets = vfio_agent::binding::Targets::EverySelected();
   options.paths.sysfs_root = (*sim)->sysfs_root();
   options.paths.dev_root = (*sim)->dev_root();
   options.paths.modules_root = root / "modules";
