@@ -223,7 +223,7 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
           "the host driver. Without --fabric-manager it is skipped.\n"
           "On a DRA node (--kubelet-api dra) the plugin and kubelet layers check the DRA driver instead: its\n"
           "registration socket, the kubelet's answer, the CDI directory, the node's ResourceSlices and a DeviceClass;\n"
-          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (daemonset/README.md, DRA nodes). With\n"
+          "the kubevirt layer also GPUsWithDRA/HostDevicesWithDRA (docs/dra.md). With\n"
           "--bind-on-prepare a GPU on its host driver passes the devices layer unless a prepared claim holds it.\n"
           "With --workload vm-vgpu the vgpu layer replaces devices: GPUs on nvidia, the vGPU manager, one\n"
           "framework, SR-IOV VFs enabled, every vGPU named, the profiles of --vgpu-config-file; the plugin and\n"

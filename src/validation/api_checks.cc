@@ -108,7 +108,7 @@ std::vector<Check> ApiChecks(const std::optional<AdmissionPolicyRead>& read) {
                             "Node; ", kLost),
                std::move(evidence),
                absl::StrCat("Kubernetes >= 1.30 (pod-bound tokens name their node from 1.30, GA in 1.32), then ",
-                            InstallFix(), " Until then RBAC alone bounds the agent (daemonset/README.md, section The admission policy)."));
+                            InstallFix(), " Until then RBAC alone bounds the agent (docs/admission-policy.md)."));
   }
   if (any(Outcome::kForbidden)) {
     return One(name, Result::kWarn,

@@ -3,7 +3,7 @@
 # kubelet (DRA manager, v1.36) and kube-apiserver of ../shared/realcluster, with the agent's own pod-bound token
 # under the DRA overlay's RBAC and admission policy: registration, the DRAResourceHealth stream the kubelet opens,
 # the node's ResourceSlices, and their return after kubelet restarts (the new kubelet deletes them).
-# Not part of CI (the cluster is not there); daemonset/README.md (DRA nodes) records a run.
+# Not part of CI (the cluster is not there); tests/deploy/records/dra.md records a run.
 #
 # Needs the cluster running as for realcluster_run.sh (./run.sh start all, kubelet-dra.sh start and images).
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim),

@@ -13,7 +13,7 @@
 #   5. with --fabric-manager (the fake libnvfm), the slices carry the partition attributes, a claim of two requests
 #      tied by matchAttribute on partition2 activates exactly one 2-GPU partition, released after the pod goes, and
 #      the PartitionActivated and PartitionReleased events name the claim.
-# Not part of CI (the cluster is not there); daemonset/README.md (DRA nodes) records a run.
+# Not part of CI (the cluster is not there); tests/deploy/records/dra.md records a run.
 #
 # Needs the cluster running, and the kubelet started with NODE_DEV holding /dev/vfio nodes for the simulated groups
 # (containerd creates them in the pods):

@@ -2,7 +2,7 @@
 # realcluster_fabric.sh - shared-NVSwitch mode against the REAL kubelet of ../shared/realcluster: `vfio-gpu-agent
 # run --fabric-manager` on the simulated 8x H200 node with the fake libnvfm (tests/fabric), VM-like pods of 1, 2, 4
 # and 8 GPUs admitted by the real scheduler and kubelet (GetPreferredAllocation, Allocate, pod-resources), then
-# deleted. Not part of CI (the cluster is not there); daemonset/README.md ("Shared NVSwitch on a real kubelet")
+# deleted. Not part of CI (the cluster is not there); tests/deploy/records/fabric.md
 # records a run.
 #
 # Needs the cluster running with node gpu-node-1, the busybox image, and the kubelet started with NODE_DEV holding

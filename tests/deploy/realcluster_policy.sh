@@ -1,7 +1,7 @@
 #!/bin/bash
 # realcluster_policy.sh [base|cozystack|vgpu] - the admission policy of issue 24 (daemonset/base/agent/
 # admission-policy.yaml) against a real kube-apiserver: what a token of the agent's ServiceAccount may write.
-# Not part of CI (the cluster is not there); daemonset/README.md (The admission policy) records a run.
+# Not part of CI (the cluster is not there); tests/deploy/records/admission-policy.md records a run.
 #
 # Needs the cluster of ../shared/realcluster (its README), running, with the kubelet node gpu-node-1 and the
 # busybox image:

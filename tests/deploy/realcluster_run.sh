@@ -2,7 +2,7 @@
 # realcluster_run.sh - `vfio-gpu-agent run` on the simulated 8x H200 node against the REAL kubelet and
 # kube-apiserver of ../shared/realcluster, with the agent's own pod-bound token under the admission policy:
 # what an operator sees through a start, two kubelet restarts (SIGKILL, as a crash), a SIGTERM and a new start.
-# Not part of CI (the cluster is not there); daemonset/README.md ("A run against a real cluster") records a run.
+# Not part of CI (the cluster is not there); tests/deploy/records/run.md records a run.
 #
 # Needs the cluster running with the kubelet node gpu-node-1 and the busybox image:
 #   export WORK=/tmp/realcluster KUBECONFIG=/tmp/realcluster/state/admin.kubeconfig

@@ -4,7 +4,7 @@
 # `workloadMode: label` runs it) on the simulated SR-IOV node (an L40S and two H200, vgpu-sriov-l40s-h200), with
 # the agent's own pod-bound token under the vgpu overlay's RBAC and admission policy. The node is labelled vm-vgpu
 # with a profiles config, then relabelled vm-passthrough while the agent runs.
-# Not part of CI (the cluster is not there); daemonset/README.md (vGPU nodes) records a run.
+# Not part of CI (the cluster is not there); tests/deploy/records/vgpu.md records a run.
 #
 # Needs the cluster running as for realcluster_run.sh (./run.sh start all, kubelet-dra.sh start and images).
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim).
