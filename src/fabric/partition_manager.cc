@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -264,7 +265,14 @@ absl::Status PartitionManager::Reconcile(const std::optional<Held>& held, Releas
       status = ReadLocked();
       if (Is(status, nvfm::kNotConfigured) && held_known_ && !told.ok()) {
         told = TellActivatedLocked();
-        if (told.ok() || ConnectionLost(told)) status = told.ok() ? ReadLocked() : told;
+        if (told.ok() || ConnectionLost(told)) {
+          status = told.ok() ? ReadLocked() : told;
+        } else if (!Is(told, nvfm::kNotConfigured)) {
+          // Why FM stays refused (and will exit) belongs in the message the GPUs are Unhealthy with.
+          absl::Status both(status.code(), absl::StrCat(status.message(), "; ", told.message()));
+          status.ForEachPayload([&](auto url, const absl::Cord& payload) { both.SetPayload(url, payload); });
+          status = both;
+        }
       }
       if (!told.ok() && must_tell_ && held_known_) {
         if (status.ok()) {

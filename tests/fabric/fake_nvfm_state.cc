@@ -24,7 +24,10 @@ int64_t FakeFmNowMs() {
 }
 
 void ApplyFakeFmClock(FakeFmState& state) {
-  if (!state.awaiting_since_ms || FakeFmNowMs() - *state.awaiting_since_ms < state.restart_timeout_ms) return;
+  if (!state.awaiting_since_ms) return;
+  // FM's wait starts once it has initialised: while it is still initialising its timer has not begun.
+  if (state.mode == "not-configured") state.awaiting_since_ms = FakeFmNowMs();
+  if (FakeFmNowMs() - *state.awaiting_since_ms < state.restart_timeout_ms) return;
   state.awaiting_since_ms.reset();
   state.dead = true;
   state.active.clear();

@@ -221,6 +221,7 @@ TEST_F(PartitionManagerTest, WithoutACheckpointARestartedFmIsNotToldAGuess) {
   absl::Status status = manager->Reconcile(Held(Modules({5, 6}), {Modules({5, 6})}));
   EXPECT_FALSE(status.ok());
   EXPECT_THAT(status.message(), HasSubstr("FM_ST_NOT_CONFIGURED"));
+  EXPECT_THAT(manager->Unusable(Module(5)), HasSubstr("no partition table was read or checkpointed"));
   EXPECT_FALSE(Fm().told_any);
   // Nothing held: the empty list is the truth, and FM hears it.
   ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
