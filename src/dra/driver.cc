@@ -279,6 +279,8 @@ class Driver::Impl {
 
   void SyncSlices() {
     const Clock::time_point now = Clock::now();
+    if (watch_sync_pending_) last_watch_sync_ = now;
+    watch_sync_pending_ = false;
     std::vector<kube::SliceDevice> slices;
     for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
     absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
@@ -294,7 +296,7 @@ class Driver::Impl {
     }
     slice_error_.clear();
     slices_stale_ = false;
-    last_slice_sync_ = now;
+    if (result->others_meanwhile) slices_changed_ = true;  // a watch report held back during our writes
     if (result->changed()) {
       ++slice_writes_;
       spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted{})",
@@ -359,9 +361,10 @@ class Driver::Impl {
         slices_stale_ = true;
       }
       if (slices_changed_.exchange(false)) {
-        // Someone deleted or changed a slice (or it is the event of our own write: then the list matches and
-        // nothing is written). At most one such pass a second, whoever keeps changing them.
-        next_slices_ = std::min(next_slices_, last_slice_sync_ + kSliceBurstInterval);
+        // Someone else deleted or changed a slice: put it back now, but after a pass the watch asked for, the
+        // next one no sooner than a second later (another writer that keeps changing them gets one write a second).
+        watch_sync_pending_ = true;
+        next_slices_ = std::min(next_slices_, last_watch_sync_ + kSliceBurstInterval);
       }
       if (options_.publish_slices && (slices_stale_ || Clock::now() >= next_slices_)) SyncSlices();
       Clock::time_point wake = std::min({next_rescan, settle, next_health_});
@@ -423,7 +426,8 @@ class Driver::Impl {
   Clock::time_point next_health_ = Clock::time_point::max();
   Clock::time_point next_slices_{};
   Clock::time_point slice_burst_until_{};
-  Clock::time_point last_slice_sync_{};
+  Clock::time_point last_watch_sync_{};
+  bool watch_sync_pending_ = false;
   std::atomic<bool> registered_{false};
   std::atomic<bool> slices_changed_{false};  // set by the slice watch's thread
   std::atomic<bool> fabric_changed_{false};

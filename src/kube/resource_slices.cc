@@ -261,6 +261,7 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
   result->created += first.created;
   result->updated += first.updated;
   result->deleted += first.deleted;
+  result->others_meanwhile = result->others_meanwhile || first.others_meanwhile;
   return result;
 }
 
@@ -301,6 +302,15 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
   written_chunks_.clear();
   written_versions_.clear();
   std::map<std::string, std::string> versions;
+  own_->Begin();
+  // On an error return too; what it held is then reported by the next pass's events or list.
+  struct EndPass {
+    OwnWrites& own;
+    bool ended = false;
+    ~EndPass() {
+      if (!ended) own.End();
+    }
+  } end_pass{*own_};
 
   for (size_t i = 0; i < chunks.size(); ++i) {
     Json metadata = {{"generateName", absl::StrCat(options_.node_name, "-", options_.driver, "-")},
@@ -335,7 +345,9 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
     ++(method == "POST" ? result.created : result.updated);
     const Json stored = Json::parse(written->body, nullptr, /*allow_exceptions=*/false);
     if (stored.is_object() && stored.contains("metadata") && stored["metadata"].is_object()) {
-      versions[stored["metadata"].value("name", "")] = stored["metadata"].value("resourceVersion", "");
+      const std::string name = stored["metadata"].value("name", "");
+      versions[name] = stored["metadata"].value("resourceVersion", "");
+      own_->Wrote(name, versions[name]);
     }
     if (!taints_dropped_ && TaintsDropped(chunks[i], stored)) *dropped_now = true;
   }
@@ -345,6 +357,7 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
     const Json options = {{"apiVersion", "v1"},
                           {"kind", "DeleteOptions"},
                           {"preconditions", {{"uid", obsolete.uid}, {"resourceVersion", obsolete.resource_version}}}};
+    own_->Deleting(obsolete.name);
     absl::StatusOr<ApiResponse> deleted = client_->Send("DELETE", path, "application/json", options.dump(),
                                                         options_.timeout);
     absl::Status status = AnswerStatus(deleted, absl::StrCat("DELETE ", client_->Url(path)));
@@ -353,18 +366,70 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
   }
   written_chunks_ = chunks;
   written_versions_ = std::move(versions);
+  result.others_meanwhile = own_->End();
+  end_pass.ended = true;
   return result;
 }
 
+// A few passes' worth: an event is read within moments of the write it reports.
+constexpr size_t kOwnWritesKept = 64;
+
+void ResourceSlicePublisher::OwnWrites::Wrote(const std::string& name, const std::string& version) {
+  std::lock_guard lock(mu);
+  written.emplace_back(name, version);
+  if (written.size() > kOwnWritesKept) written.erase(written.begin());
+}
+
+void ResourceSlicePublisher::OwnWrites::Deleting(const std::string& name) {
+  std::lock_guard lock(mu);
+  deleted.push_back(name);
+  if (deleted.size() > kOwnWritesKept) deleted.erase(deleted.begin());
+}
+
+bool ResourceSlicePublisher::OwnWrites::MatchesLocked(const Event& event) const {
+  // A DELETED event carries the deletion's resourceVersion, not the one we deleted with: known by name (a
+  // generated name is never used again).
+  if (event.type == "DELETED") return std::find(deleted.begin(), deleted.end(), event.name) != deleted.end();
+  return std::find(written.begin(), written.end(), std::make_pair(event.name, event.version)) != written.end();
+}
+
+bool ResourceSlicePublisher::OwnWrites::Ours(const std::string& type, const std::string& name,
+                                             const std::string& version) {
+  std::lock_guard lock(mu);
+  Event event{.type = type, .name = name, .version = version};
+  if (MatchesLocked(event)) return true;
+  if (!writing) return false;
+  held.push_back(std::move(event));
+  return true;
+}
+
+void ResourceSlicePublisher::OwnWrites::Begin() {
+  std::lock_guard lock(mu);
+  writing = true;
+}
+
+bool ResourceSlicePublisher::OwnWrites::End() {
+  std::lock_guard lock(mu);
+  writing = false;
+  const bool others = std::any_of(held.begin(), held.end(), [&](const Event& event) { return !MatchesLocked(event); });
+  held.clear();
+  return others;
+}
+
 std::unique_ptr<ResourceSliceWatch> ResourceSlicePublisher::Watch(std::function<void()> changed) {
-  return std::make_unique<ResourceSliceWatch>(client_, SelectedPath(options_), std::move(changed));
+  return std::make_unique<ResourceSliceWatch>(
+      client_, SelectedPath(options_), std::move(changed),
+      [own = own_](const std::string& type, const std::string& name, const std::string& version) {
+        return own->Ours(type, name, version);
+      });
 }
 
 ResourceSliceWatch::ResourceSliceWatch(std::shared_ptr<ApiClient> client, std::string path,
-                                       std::function<void()> changed)
+                                       std::function<void()> changed, Ours ours)
     : client_(std::move(client)),
       path_(std::move(path)),
       changed_(std::move(changed)),
+      ours_(std::move(ours)),
       cancel_(std::make_unique<StreamCanceller>()) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -448,11 +513,15 @@ void ResourceSliceWatch::Run() {
             }
             return false;
           }
-          if (object.contains("metadata") && object["metadata"].is_object() &&
-              object["metadata"].contains("resourceVersion") && object["metadata"]["resourceVersion"].is_string()) {
-            version = object["metadata"]["resourceVersion"].get<std::string>();
+          std::string name;
+          if (object.contains("metadata") && object["metadata"].is_object()) {
+            const Json& meta = object["metadata"];
+            if (meta.contains("resourceVersion") && meta["resourceVersion"].is_string()) {
+              version = meta["resourceVersion"].get<std::string>();
+            }
+            name = meta.value("name", "");
           }
-          if (type != "BOOKMARK") changed_();
+          if (type != "BOOKMARK" && !(ours_ && ours_(type, name, version))) changed_();
           return true;
         },
         std::chrono::seconds(timeout_seconds + 30), *cancel_);
@@ -488,6 +557,7 @@ absl::Status ResourceSlicePublisher::DeleteAll() {
   if (!existing.ok()) return existing.status();
   for (const ExistingSlice& slice : *existing) {
     const std::string path = absl::StrCat(kResourceSlicesPath, "/", slice.name);
+    own_->Deleting(slice.name);
     absl::Status status = AnswerStatus(client_->Send("DELETE", path, "", "", options_.timeout),
                                        absl::StrCat("DELETE ", client_->Url(path)));
     if (!status.ok() && status.code() != absl::StatusCode::kNotFound) return status;

@@ -369,13 +369,17 @@ TEST_F(ResourceSlicesTest, TheWatchReportsDeletionsAndChangesByOthersAndSurvives
   const int before_delete = changes;
   ASSERT_EQ(Request("DELETE", absl::StrCat(kSlices, "/", name)).code, 200);
   ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return changes > before_delete; }));
-  ASSERT_TRUE(publisher_->Publish(Gpus(2)).ok());
-
-  // Another writer changes one.
-  const int before_patch = changes;
-  const std::string recreated = Stored()[0]["metadata"]["name"];
-  ASSERT_TRUE(api_->Control(absl::StrCat("patch-slice ", recreated, R"( {"spec":{"devices":[]}})")).ok());
-  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return changes > before_patch; }));
+  // Our own writes are not reported: the create below is not, the other writer's change after it (delivered
+  // after it, in order) is, once.
+  const int before_publish = changes;
+  auto recreated = publisher_->Publish(Gpus(2));
+  ASSERT_TRUE(recreated.ok()) << recreated.status();
+  EXPECT_EQ(recreated->created, 1);
+  EXPECT_FALSE(recreated->others_meanwhile);
+  const std::string name_now = Stored()[0]["metadata"]["name"];
+  ASSERT_TRUE(api_->Control(absl::StrCat("patch-slice ", name_now, R"( {"spec":{"devices":[]}})")).ok());
+  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return changes > before_publish; }));
+  EXPECT_EQ(changes, before_publish + 1);
 
   // The server ends every watch: a new one from the last resourceVersion, no list.
   const uint64_t lists = watch->lists();

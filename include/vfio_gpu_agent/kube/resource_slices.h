@@ -73,17 +73,23 @@ struct PublishResult {
   int deleted = 0;
   int64_t generation = 0;  // the pool generation the slices now carry
   int left_out = 0;        // tainted devices not published because the API server drops taints
+  // The watch saw an event during this pass that turned out not to be ours: someone else changed the slices
+  // meanwhile (the caller treats it as the watch's report it held back).
+  bool others_meanwhile = false;
   bool changed() const { return created + updated + deleted > 0; }
 };
 
 // Watches the node's slices of the driver (a watch on resourceslices with the spec.nodeName and spec.driver field
 // selectors) on its own thread ("slice-watch"), which owns the connection: one long request, re-made from the
 // last resourceVersion when the server ends it, a new list after a 410 Gone, a doubling backoff (1 s to 30 s)
-// after an error. `changed` is called from that thread for every event (a slice added, changed or deleted, ours
-// included) and after every list but the first (what happened while nobody watched). Stops when destroyed.
+// after an error. `changed` is called from that thread for every event that `ours` does not claim (ours: the
+// publisher's own writes and deletions) and after every list but the first (what happened while nobody watched).
+// Stops when destroyed.
 class ResourceSliceWatch {
  public:
-  ResourceSliceWatch(std::shared_ptr<ApiClient> client, std::string path, std::function<void()> changed);
+  // ours(type, name, resourceVersion): the event is of our own doing.
+  using Ours = std::function<bool(const std::string& type, const std::string& name, const std::string& version)>;
+  ResourceSliceWatch(std::shared_ptr<ApiClient> client, std::string path, std::function<void()> changed, Ours ours);
   ~ResourceSliceWatch();
   ResourceSliceWatch(const ResourceSliceWatch&) = delete;
   ResourceSliceWatch& operator=(const ResourceSliceWatch&) = delete;
@@ -99,6 +105,7 @@ class ResourceSliceWatch {
   const std::shared_ptr<ApiClient> client_;
   const std::string path_;  // the collection with its fieldSelector
   const std::function<void()> changed_;
+  const Ours ours_;
   std::unique_ptr<StreamCanceller> cancel_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> watches_{0};
@@ -142,8 +149,30 @@ class ResourceSlicePublisher {
   absl::StatusOr<std::string> NodeUid();
   absl::StatusOr<PublishResult> PublishOnce(const std::vector<SliceDevice>& devices, bool* dropped_now);
 
+  // The slices this publisher wrote (name and the resourceVersion the write answered) and deleted, recent ones
+  // only: read by the watch's thread to tell our own events from others'.
+  // An event that arrives while a pass is writing may report a write whose answer we have not read yet: it is
+  // held (claimed) until the pass ends, then checked again.
+  struct OwnWrites {
+    struct Event {
+      std::string type, name, version;
+    };
+    std::mutex mu;
+    std::vector<std::pair<std::string, std::string>> written;
+    std::vector<std::string> deleted;
+    bool writing = false;
+    std::vector<Event> held;
+    void Wrote(const std::string& name, const std::string& version);
+    void Deleting(const std::string& name);
+    bool Ours(const std::string& type, const std::string& name, const std::string& version);
+    void Begin();
+    bool End();  // true when a held event was not ours
+    bool MatchesLocked(const Event& event) const;
+  };
+
   const std::shared_ptr<ApiClient> client_;
   const SliceOptions options_;
+  const std::shared_ptr<OwnWrites> own_ = std::make_shared<OwnWrites>();
   std::string node_uid_;
   bool taints_dropped_ = false;
   // What the last complete write asked for, and the name -> resourceVersion of every slice it left.
