@@ -194,10 +194,11 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
       kubeconfig, kube::ClaimReaderOptions().service_account_dir,
       {.driver = options.driver_name, .node_name = options.node_name});
   if (!publisher.ok()) return publisher.status();
-  options.publish_slices = [publisher = std::shared_ptr<kube::ResourceSlicePublisher>(*std::move(publisher))](
-                               std::vector<kube::SliceDevice> devices) {
-    return publisher->Publish(std::move(devices));
+  std::shared_ptr<kube::ResourceSlicePublisher> shared(*std::move(publisher));
+  options.publish_slices = [shared](std::vector<kube::SliceDevice> devices) {
+    return shared->Publish(std::move(devices));
   };
+  options.watch_slices = [shared](std::function<void()> changed) { return shared->Watch(std::move(changed)); };
   return options;
 }
 

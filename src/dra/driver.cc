@@ -133,12 +133,19 @@ class Driver::Impl {
                  DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
                  options_.workload == Workload::kVmVgpu ? "vGPUs" : "GPUs", options_.node_name);
     loop_ = std::thread([this] { Loop(); });
+    if (options_.publish_slices && options_.watch_slices) {
+      slice_watch_ = options_.watch_slices([this] {
+        slices_changed_ = true;
+        watch_.Wake();
+      });
+    }
     if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
     return absl::OkStatus();
   }
 
   void Stop() {
     fabric_.Stop();
+    slice_watch_.reset();  // joins the watch's thread: no wake-up after this
     if (loop_.joinable()) {
       {
         std::lock_guard lock(sweep_mu_);
@@ -272,6 +279,8 @@ class Driver::Impl {
 
   void SyncSlices() {
     const Clock::time_point now = Clock::now();
+    if (watch_sync_pending_) last_watch_sync_ = now;
+    watch_sync_pending_ = false;
     std::vector<kube::SliceDevice> slices;
     for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
     absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
@@ -287,10 +296,12 @@ class Driver::Impl {
     }
     slice_error_.clear();
     slices_stale_ = false;
+    if (result->others_meanwhile) slices_changed_ = true;  // a watch report held back during our writes
     if (result->changed()) {
       ++slice_writes_;
-      spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted)",
-                   options_.node_name, result->generation, result->created, result->updated, result->deleted);
+      spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted{})",
+                   options_.node_name, result->generation, result->created, result->updated, result->deleted,
+                   result->left_out > 0 ? absl::StrCat("; ", result->left_out, " unhealthy left out") : "");
     }
     next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + options_.slice_resync_interval;
   }
@@ -349,6 +360,12 @@ class Driver::Impl {
         slice_burst_until_ = Clock::now() + kSliceBurst;
         slices_stale_ = true;
       }
+      if (slices_changed_.exchange(false)) {
+        // Someone else deleted or changed a slice: put it back now, but after a pass the watch asked for, the
+        // next one no sooner than a second later (another writer that keeps changing them gets one write a second).
+        watch_sync_pending_ = true;
+        next_slices_ = std::min(next_slices_, last_watch_sync_ + kSliceBurstInterval);
+      }
       if (options_.publish_slices && (slices_stale_ || Clock::now() >= next_slices_)) SyncSlices();
       Clock::time_point wake = std::min({next_rescan, settle, next_health_});
       if (options_.publish_slices) wake = std::min(wake, next_slices_);
@@ -396,6 +413,7 @@ class Driver::Impl {
   internal::DeviceWatch watch_;
   std::unique_ptr<grpc::Server> dra_server_;
   std::unique_ptr<grpc::Server> registration_server_;
+  std::unique_ptr<kube::ResourceSliceWatch> slice_watch_;  // its own thread; reset before the loop is joined
 
   mutable std::mutex mu_;  // devices_ and the slice counters, read by other threads
   std::vector<GpuDevice> devices_;
@@ -408,7 +426,10 @@ class Driver::Impl {
   Clock::time_point next_health_ = Clock::time_point::max();
   Clock::time_point next_slices_{};
   Clock::time_point slice_burst_until_{};
+  Clock::time_point last_watch_sync_{};
+  bool watch_sync_pending_ = false;
   std::atomic<bool> registered_{false};
+  std::atomic<bool> slices_changed_{false};  // set by the slice watch's thread
   std::atomic<bool> fabric_changed_{false};
   std::atomic<bool> stopping_{false};
   std::thread loop_;

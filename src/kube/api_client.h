@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -23,6 +25,20 @@ struct ApiResponse {
   std::optional<std::chrono::seconds> retry_after;  // from a Retry-After header in seconds
 };
 
+// Ends a Stream from another thread (the stream's owner stopping).
+class StreamCanceller {
+ public:
+  // The Stream in progress returns Cancelled at once, and every later one with this canceller before it starts.
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class ApiClient;
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  void* multi_ = nullptr;  // the curl multi handle of the Stream in progress, woken by Cancel
+};
+
 // Thread-safe; each request uses its own curl handle.
 class ApiClient {
  public:
@@ -39,9 +55,21 @@ class ApiClient {
                                    absl::string_view body, std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* abort = nullptr);
 
+  // A long GET (a watch): a 2xx answer's body goes to `on_line` as it arrives, one complete line at a time, and
+  // is not kept; any other answer is returned whole (a 401 makes the token be read again and the request sent once
+  // more, as Send does). Returns when the server ends the answer, `timeout` passes (DeadlineExceeded), `on_line`
+  // returns false (the answer so far) or `cancel` is cancelled (Cancelled). While nothing arrives the calling
+  // thread sleeps in poll(2) until data or the timeout: no periodic wake-up.
+  absl::StatusOr<ApiResponse> Stream(absl::string_view path, const std::function<bool(absl::string_view)>& on_line,
+                                     std::chrono::milliseconds timeout, StreamCanceller& cancel);
+
   uint64_t requests() const { return requests_.load(); }
 
  private:
+  absl::StatusOr<ApiResponse> StreamOnce(const std::string& url, const std::string& token,
+                                         const std::function<bool(absl::string_view)>& on_line,
+                                         std::chrono::milliseconds timeout, StreamCanceller& cancel);
+
   absl::StatusOr<ApiResponse> SendOnce(absl::string_view method, const std::string& url, absl::string_view content_type,
                                        absl::string_view body, const std::string& token,
                                        std::chrono::milliseconds timeout, const std::atomic<bool>* abort);

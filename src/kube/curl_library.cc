@@ -19,6 +19,14 @@ absl::StatusOr<CurlLibrary> OpenCurl() {
   library->Resolve(curl.easy_strerror, "curl_easy_strerror");
   library->Resolve(curl.slist_append, "curl_slist_append");
   library->Resolve(curl.slist_free_all, "curl_slist_free_all");
+  library->Resolve(curl.multi_init, "curl_multi_init");
+  library->Resolve(curl.multi_cleanup, "curl_multi_cleanup");
+  library->Resolve(curl.multi_add_handle, "curl_multi_add_handle");
+  library->Resolve(curl.multi_remove_handle, "curl_multi_remove_handle");
+  library->Resolve(curl.multi_perform, "curl_multi_perform");
+  library->Resolve(curl.multi_poll, "curl_multi_poll");
+  library->Resolve(curl.multi_wakeup, "curl_multi_wakeup");
+  library->Resolve(curl.multi_info_read, "curl_multi_info_read");
   decltype(&curl_global_init) global_init = nullptr;
   library->Resolve(global_init, "curl_global_init");
   if (absl::Status complete = library->Complete(); !complete.ok()) {

@@ -1,17 +1,21 @@
 #include "vfio_gpu_agent/kube/resource_slices.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "api_client.h"
 #include "config.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/thread_name.h"
 
 namespace vfio_agent::kube {
 namespace {
 
 using Json = nlohmann::json;
-
+using namespace std::chrono_literals;
 
 struct ExistingSlice {
   std::string name;
@@ -140,6 +144,52 @@ bool Matches(const std::vector<ExistingSlice>& existing, const std::vector<std::
   return true;
 }
 
+// What ResourceSliceMaxDevicesWithAdvancedFeatures counts, of what we publish.
+bool UsesAdvancedFeatures(const SliceDevice& device) { return !device.taints.empty(); }
+
+// Devices (sorted) in slices of at most 128, or 64 once a slice holds a device with an advanced feature.
+std::vector<std::vector<SliceDevice>> Chunk(const std::vector<SliceDevice>& devices) {
+  std::vector<std::vector<SliceDevice>> chunks;
+  std::vector<SliceDevice> current;
+  bool advanced = false;
+  for (const SliceDevice& device : devices) {
+    const bool with = advanced || UsesAdvancedFeatures(device);
+    if (current.size() + 1 > (with ? kMaxDevicesPerSliceWithAdvancedFeatures : kMaxDevicesPerSlice)) {
+      chunks.push_back(std::move(current));
+      current.clear();
+      advanced = false;
+    }
+    advanced = advanced || UsesAdvancedFeatures(device);
+    current.push_back(device);
+  }
+  if (!current.empty() || chunks.empty()) chunks.push_back(std::move(current));  // an empty pool stays
+  return chunks;
+}
+
+// A taint that keeps the scheduler from allocating the device (ours are NoSchedule); None is informational.
+bool KeepsOffTheDevice(const SliceDevice& device) {
+  return std::any_of(device.taints.begin(), device.taints.end(),
+                     [](const DeviceTaint& taint) { return taint.effect != "None"; });
+}
+
+// True when the server stored a device of `written` without the taints we wrote (DRADeviceTaints off).
+bool TaintsDropped(const std::vector<SliceDevice>& written, const Json& stored) {
+  std::map<std::string, SliceDevice> answered;
+  if (stored.is_object() && stored.contains("spec") && stored["spec"].contains("devices") &&
+      stored["spec"]["devices"].is_array()) {
+    for (const Json& device : stored["spec"]["devices"]) {
+      SliceDevice parsed = ParseDevice(device);
+      answered[parsed.name] = std::move(parsed);
+    }
+  }
+  for (const SliceDevice& device : written) {
+    if (device.taints.empty()) continue;
+    auto it = answered.find(device.name);
+    if (it != answered.end() && it->second.taints.empty()) return true;
+  }
+  return false;
+}
+
 std::string Escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -154,11 +204,15 @@ std::string Escape(const std::string& text) {
   return out;
 }
 
+// The collection of the node's slices of the driver: the field selectors kube-apiserver offers for resourceslices.
+std::string SelectedPath(const SliceOptions& options) {
+  return absl::StrCat(kResourceSlicesPath, "?fieldSelector=",
+                      Escape(absl::StrCat("spec.nodeName=", options.node_name, ",spec.driver=", options.driver)));
+}
+
 // The node's slices of the driver, in the order Matches compares them.
 absl::StatusOr<std::vector<ExistingSlice>> ListSlices(ApiClient& client, const SliceOptions& options) {
-  const std::string path = absl::StrCat(kResourceSlicesPath, "?fieldSelector=",
-                                        Escape(absl::StrCat("spec.nodeName=", options.node_name, ",spec.driver=",
-                                                            options.driver)));
+  const std::string path = SelectedPath(options);
   const std::string request = absl::StrCat("GET ", client.Url(path));
   absl::StatusOr<ApiResponse> listed = client.Send("GET", path, "", "", options.timeout);
   if (absl::Status status = AnswerStatus(listed, request); !status.ok()) return status;
@@ -190,19 +244,53 @@ absl::StatusOr<std::string> ResourceSlicePublisher::NodeUid() {
 
 absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceDevice> devices) {
   std::sort(devices.begin(), devices.end(), [](const SliceDevice& a, const SliceDevice& b) { return a.name < b.name; });
-  std::vector<std::vector<SliceDevice>> chunks;
-  for (size_t i = 0; i < devices.size(); i += kMaxDevicesPerSlice) {
-    const size_t end = std::min(devices.size(), i + kMaxDevicesPerSlice);
-    chunks.emplace_back(devices.begin() + static_cast<ptrdiff_t>(i), devices.begin() + static_cast<ptrdiff_t>(end));
+  bool dropped_now = false;
+  absl::StatusOr<PublishResult> result = PublishOnce(devices, &dropped_now);
+  if (!result.ok() || !dropped_now) return result;
+  taints_dropped_ = true;
+  std::vector<std::string> tainted;
+  for (const SliceDevice& device : devices) {
+    if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
   }
-  if (chunks.empty()) chunks.emplace_back();  // the pool stays, with no device: the node has none now
+  spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
+               "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now on "
+               "instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
+  const PublishResult first = *result;
+  result = PublishOnce(devices, &dropped_now);
+  if (!result.ok()) return result;
+  result->created += first.created;
+  result->updated += first.updated;
+  result->deleted += first.deleted;
+  result->others_meanwhile = result->others_meanwhile || first.others_meanwhile;
+  return result;
+}
+
+absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vector<SliceDevice>& devices,
+                                                                  bool* dropped_now) {
+  PublishResult result;
+  std::vector<SliceDevice> published;
+  for (const SliceDevice& device : devices) {
+    if (taints_dropped_ && KeepsOffTheDevice(device)) {
+      ++result.left_out;
+      continue;
+    }
+    published.push_back(device);
+    if (taints_dropped_) published.back().taints.clear();  // informational ones: the server drops them anyway
+  }
+  const std::vector<std::vector<SliceDevice>> chunks = Chunk(published);
 
   absl::StatusOr<std::vector<ExistingSlice>> existing = ListSlices(*client_, options_);
   if (!existing.ok()) return existing.status();
 
-  PublishResult result;
-  if (Matches(*existing, chunks)) {
-    result.generation = existing->front().generation;
+  // What our last writes left, untouched since: equal whatever the server made of it (fields it drops or adds).
+  const bool as_written = !written_versions_.empty() && chunks == written_chunks_ &&
+                          existing->size() == written_versions_.size() &&
+                          std::all_of(existing->begin(), existing->end(), [&](const ExistingSlice& slice) {
+                            auto it = written_versions_.find(slice.name);
+                            return it != written_versions_.end() && it->second == slice.resource_version;
+                          });
+  if (as_written || Matches(*existing, chunks)) {
+    result.generation = existing->empty() ? 0 : existing->front().generation;
     return result;
   }
   absl::StatusOr<std::string> uid = NodeUid();
@@ -210,6 +298,19 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
   int64_t generation = 0;
   for (const ExistingSlice& slice : *existing) generation = std::max(generation, slice.generation + 1);
   result.generation = generation;
+  // Forgotten until every write of this pass succeeded: a pass cut short is compared field by field next time.
+  written_chunks_.clear();
+  written_versions_.clear();
+  std::map<std::string, std::string> versions;
+  own_->Begin();
+  // On an error return too; what it held is then reported by the next pass's events or list.
+  struct EndPass {
+    OwnWrites& own;
+    bool ended = false;
+    ~EndPass() {
+      if (!ended) own.End();
+    }
+  } end_pass{*own_};
 
   for (size_t i = 0; i < chunks.size(); ++i) {
     Json metadata = {{"generateName", absl::StrCat(options_.node_name, "-", options_.driver, "-")},
@@ -242,6 +343,13 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
       return status;
     }
     ++(method == "POST" ? result.created : result.updated);
+    const Json stored = Json::parse(written->body, nullptr, /*allow_exceptions=*/false);
+    if (stored.is_object() && stored.contains("metadata") && stored["metadata"].is_object()) {
+      const std::string name = stored["metadata"].value("name", "");
+      versions[name] = stored["metadata"].value("resourceVersion", "");
+      own_->Wrote(name, versions[name]);
+    }
+    if (!taints_dropped_ && TaintsDropped(chunks[i], stored)) *dropped_now = true;
   }
   for (size_t i = chunks.size(); i < existing->size(); ++i) {
     const ExistingSlice& obsolete = (*existing)[i];
@@ -249,13 +357,199 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
     const Json options = {{"apiVersion", "v1"},
                           {"kind", "DeleteOptions"},
                           {"preconditions", {{"uid", obsolete.uid}, {"resourceVersion", obsolete.resource_version}}}};
+    own_->Deleting(obsolete.name);
     absl::StatusOr<ApiResponse> deleted = client_->Send("DELETE", path, "application/json", options.dump(),
                                                         options_.timeout);
     absl::Status status = AnswerStatus(deleted, absl::StrCat("DELETE ", client_->Url(path)));
     if (!status.ok() && status.code() != absl::StatusCode::kNotFound) return status;  // gone already: as wanted
     ++result.deleted;
   }
+  written_chunks_ = chunks;
+  written_versions_ = std::move(versions);
+  result.others_meanwhile = own_->End();
+  end_pass.ended = true;
   return result;
+}
+
+// A few passes' worth: an event is read within moments of the write it reports.
+constexpr size_t kOwnWritesKept = 64;
+
+void ResourceSlicePublisher::OwnWrites::Wrote(const std::string& name, const std::string& version) {
+  std::lock_guard lock(mu);
+  written.emplace_back(name, version);
+  if (written.size() > kOwnWritesKept) written.erase(written.begin());
+}
+
+void ResourceSlicePublisher::OwnWrites::Deleting(const std::string& name) {
+  std::lock_guard lock(mu);
+  deleted.push_back(name);
+  if (deleted.size() > kOwnWritesKept) deleted.erase(deleted.begin());
+}
+
+bool ResourceSlicePublisher::OwnWrites::MatchesLocked(const Event& event) const {
+  // A DELETED event carries the deletion's resourceVersion, not the one we deleted with: known by name (a
+  // generated name is never used again).
+  if (event.type == "DELETED") return std::find(deleted.begin(), deleted.end(), event.name) != deleted.end();
+  return std::find(written.begin(), written.end(), std::make_pair(event.name, event.version)) != written.end();
+}
+
+bool ResourceSlicePublisher::OwnWrites::Ours(const std::string& type, const std::string& name,
+                                             const std::string& version) {
+  std::lock_guard lock(mu);
+  Event event{.type = type, .name = name, .version = version};
+  if (MatchesLocked(event)) return true;
+  if (!writing) return false;
+  held.push_back(std::move(event));
+  return true;
+}
+
+void ResourceSlicePublisher::OwnWrites::Begin() {
+  std::lock_guard lock(mu);
+  writing = true;
+}
+
+bool ResourceSlicePublisher::OwnWrites::End() {
+  std::lock_guard lock(mu);
+  writing = false;
+  const bool others = std::any_of(held.begin(), held.end(), [&](const Event& event) { return !MatchesLocked(event); });
+  held.clear();
+  return others;
+}
+
+std::unique_ptr<ResourceSliceWatch> ResourceSlicePublisher::Watch(std::function<void()> changed) {
+  return std::make_unique<ResourceSliceWatch>(
+      client_, SelectedPath(options_), std::move(changed),
+      [own = own_](const std::string& type, const std::string& name, const std::string& version) {
+        return own->Ours(type, name, version);
+      });
+}
+
+ResourceSliceWatch::ResourceSliceWatch(std::shared_ptr<ApiClient> client, std::string path,
+                                       std::function<void()> changed, Ours ours)
+    : client_(std::move(client)),
+      path_(std::move(path)),
+      changed_(std::move(changed)),
+      ours_(std::move(ours)),
+      cancel_(std::make_unique<StreamCanceller>()) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+ResourceSliceWatch::~ResourceSliceWatch() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cancel_->Cancel();
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool ResourceSliceWatch::WaitBackoff(std::chrono::milliseconds backoff) {
+  std::unique_lock lock(mu_);
+  return !cv_.wait_for(lock, backoff, [this] { return stopping_.load(); });
+}
+
+void ResourceSliceWatch::Run() {
+  NameThisThread("slice-watch");
+  constexpr std::chrono::milliseconds kFirstBackoff = 1s;
+  constexpr std::chrono::milliseconds kMaxBackoff = 30s;
+  std::chrono::milliseconds backoff = kFirstBackoff;
+  std::string version;  // empty: list first
+  bool listed = false;
+  std::string failing;  // the error logged, until a watch works again
+  // client-go's reflector asks for a random 5 to 10 minutes, so that a fleet's watches do not all end at once.
+  std::mt19937 random(std::random_device{}());
+  auto failed = [&](const std::string& why) {
+    if (why != failing) spdlog::warn("watch of ResourceSlices {}: {}; retried in {} s", path_, why, backoff.count() / 1000);
+    failing = why;
+    if (!WaitBackoff(backoff)) return false;
+    backoff = std::min(backoff * 2, kMaxBackoff);
+    return true;
+  };
+  while (!stopping_) {
+    if (version.empty()) {
+      ++lists_;
+      absl::StatusOr<ApiResponse> list = client_->Send("GET", path_, "", "", 10s, &stopping_);
+      if (stopping_) return;
+      absl::Status status = AnswerStatus(list, absl::StrCat("GET ", client_->Url(path_)));
+      Json body;
+      if (status.ok()) body = Json::parse(list->body, nullptr, /*allow_exceptions=*/false);
+      if (status.ok() && (!body.is_object() || !body.contains("metadata") || !body["metadata"].is_object() ||
+                          !body["metadata"].contains("resourceVersion") ||
+                          !body["metadata"]["resourceVersion"].is_string())) {
+        status = absl::DataLossError("the list has no metadata.resourceVersion");
+      }
+      if (!status.ok()) {
+        if (!failed(std::string(status.message()))) return;
+        continue;
+      }
+      version = body["metadata"]["resourceVersion"].get<std::string>();
+      if (listed) changed_();  // whatever happened while nobody watched
+      listed = true;
+    }
+    const int timeout_seconds = std::uniform_int_distribution<int>(300, 600)(random);
+    const std::string path = absl::StrCat(path_, "&watch=true&allowWatchBookmarks=true&resourceVersion=", version,
+                                          "&timeoutSeconds=", timeout_seconds);
+    ++watches_;
+    bool gone = false;
+    std::string error;
+    const auto started = std::chrono::steady_clock::now();
+    absl::StatusOr<ApiResponse> answer = client_->Stream(
+        path,
+        [&](absl::string_view line) {
+          const Json event = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+          if (!event.is_object() || !event.contains("type") || !event["type"].is_string() ||
+              !event.contains("object") || !event["object"].is_object()) {
+            error = absl::StrCat("not a watch event: ", line.substr(0, 200));
+            return false;
+          }
+          const std::string type = event["type"].get<std::string>();
+          const Json& object = event["object"];
+          if (type == "ERROR") {
+            if (object.value("code", 0) == 410) {
+              gone = true;
+            } else {
+              error = absl::StrCat("ERROR event: ", object.value("code", 0), " ", object.value("message", ""));
+            }
+            return false;
+          }
+          std::string name;
+          if (object.contains("metadata") && object["metadata"].is_object()) {
+            const Json& meta = object["metadata"];
+            if (meta.contains("resourceVersion") && meta["resourceVersion"].is_string()) {
+              version = meta["resourceVersion"].get<std::string>();
+            }
+            name = meta.value("name", "");
+          }
+          if (type != "BOOKMARK" && !(ours_ && ours_(type, name, version))) changed_();
+          return true;
+        },
+        std::chrono::seconds(timeout_seconds + 30), *cancel_);
+    if (stopping_) return;
+    if (answer.ok() && answer->code == 410) gone = true;
+    if (gone) {
+      // The resourceVersion is compacted away: list again (the list's answer is what we may have missed).
+      spdlog::info("watch of ResourceSlices {}: resourceVersion {} is gone (410); listing again", path_, version);
+      version.clear();
+      continue;
+    }
+    if (!answer.ok()) error = std::string(answer.status().message());
+    if (error.empty() && answer->code / 100 != 2) {
+      error = absl::StrCat(answer->code, " ", ServerMessage(*answer));
+    }
+    if (!error.empty()) {
+      if (!failed(error)) return;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - started < kFirstBackoff) {
+      // Ended at once without an error (a proxy that cuts watches): not a reason to hammer the server.
+      if (!failed("the server ended the watch at once")) return;
+      continue;
+    }
+    if (!failing.empty()) spdlog::info("watch of ResourceSlices {}: watching again", path_);
+    failing.clear();
+    backoff = kFirstBackoff;
+  }
 }
 
 absl::Status ResourceSlicePublisher::DeleteAll() {
@@ -263,6 +557,7 @@ absl::Status ResourceSlicePublisher::DeleteAll() {
   if (!existing.ok()) return existing.status();
   for (const ExistingSlice& slice : *existing) {
     const std::string path = absl::StrCat(kResourceSlicesPath, "/", slice.name);
+    own_->Deleting(slice.name);
     absl::Status status = AnswerStatus(client_->Send("DELETE", path, "", "", options_.timeout),
                                        absl::StrCat("DELETE ", client_->Url(path)));
     if (!status.ok() && status.code() != absl::StatusCode::kNotFound) return status;

@@ -229,6 +229,7 @@ class DraSlicesTest : public DraHealthStreamTest {
     options.publish_slices = [this](std::vector<kube::SliceDevice> devices) {
       return publisher_->Publish(std::move(devices));
     };
+    options.watch_slices = [this](std::function<void()> changed) { return publisher_->Watch(std::move(changed)); };
     return options;
   }
 
@@ -261,6 +262,11 @@ class DraSlicesTest : public DraHealthStreamTest {
            api_->Count("PUT", "/apis/resource.k8s.io/v1/resourceslices", "200");
   }
   size_t Lists() const { return api_->Count("GET", "/apis/resource.k8s.io/v1/resourceslices", "200"); }
+  size_t Watches() const {
+    size_t count = 0;
+    for (const sim::KubeApiRequest& request : api_->Log()) count += request.watch ? 1 : 0;
+    return count;
+  }
 
   std::unique_ptr<sim::KubeApiSim> api_;
   std::unique_ptr<kube::ResourceSlicePublisher> publisher_;
@@ -319,6 +325,28 @@ TEST_F(DraSlicesTest, AKubeletRestartThatDeletesTheSlicesHasThemBackWithinFiveSe
   const auto deleted = std::chrono::steady_clock::now();
   ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices().size() == 2; }));
   EXPECT_LT(std::chrono::steady_clock::now() - deleted, 5s);
+}
+
+// Slices deleted (kubectl, a kubelet's start) or changed by anyone else come back through the driver's watch. The
+// resync is an hour and no kubelet registers the driver (no re-list burst), so only the watch can bring them back
+// within the wait's limit.
+TEST_F(DraSlicesTest, SlicesDeletedOrChangedByOthersComeBackThroughTheWatchNotTheResync) {
+  DriverOptions options = Options();
+  options.slice_resync_interval = std::chrono::hours(1);
+  driver_ = std::make_unique<Driver>(options);
+  ASSERT_TRUE(driver_->Start().ok());
+  const std::map<std::string, std::string> healthy = {{"gpu-0000-18-00-0", ""}, {"gpu-0000-9a-00-0", ""}};
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices() == healthy && Watches() == 1; }));
+
+  ASSERT_TRUE(api_->Control(std::string("delete-slices ") + kNodeName).ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices() == healthy; }));
+
+  auto slices = api_->Slices();
+  ASSERT_TRUE(slices.ok() && slices->size() == 1u);
+  const std::string name = (*slices)[0]["metadata"]["name"];
+  ASSERT_TRUE(api_->Control("patch-slice " + name + R"( {"spec":{"devices":[{"name":"gpu-0000-18-00-0"}]}})").ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return SliceDevices() == healthy && driver_->SliceError().empty(); }));
+  EXPECT_EQ(Watches(), 1u);  // one long request all along
 }
 
 }  // namespace

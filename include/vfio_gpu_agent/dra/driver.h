@@ -48,6 +48,10 @@ using ClaimGetter =
 // thread at a time.
 using SlicePublisher = std::function<absl::StatusOr<kube::PublishResult>(std::vector<kube::SliceDevice> devices)>;
 
+// Starts watching the node's slices (kube::ResourceSlicePublisher::Watch); `changed` is called from the watch's
+// thread. The watch stops when the returned object is destroyed.
+using SliceWatcher = std::function<std::unique_ptr<kube::ResourceSliceWatch>(std::function<void()> changed)>;
+
 // What the driver tells its host about Fabric Manager (`run`: the device plugin's events and metrics). It hears what
 // the device plugin's fabric::FabricObserver hears (FM's state, a failed activation, an overlapping partition taken
 // back), except that a claim's partition is announced with the claim it is active for, and its release says which
@@ -85,6 +89,9 @@ struct DriverOptions {
   std::filesystem::path vgpu_catalog_file;
   // Without it no ResourceSlice is written (`serve` without an API).
   SlicePublisher publish_slices;
+  // With it, a slice deleted or changed by anyone else is put back as soon as the watch reports it (at most one
+  // publication a second from watch events); without it only the resync below notices.
+  SliceWatcher watch_slices;
   // The slices are listed (and rewritten when they differ) this often, every second for 5 s after each accepted
   // registration (a kubelet's start deletes the node's slices around the time it registers us), and after every
   // device change.

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<KubeApiSim>> KubeApiSim::Start(const std::filesys
     argv.push_back("--node");
     argv.push_back(node);
   }
+  if (!options.feature_gates.empty()) argv.insert(argv.end(), {"--feature-gates", options.feature_gates});
   // A self-signed P-256 certificate (fast to make) for a server or a client.
   auto make_certificate = [&](const std::string& name, const std::string& subject,
                               const std::string& extension) -> absl::Status {
@@ -221,6 +222,7 @@ std::vector<KubeApiRequest> KubeApiSim::Log() const {
     const nlohmann::json& status = entry["status"];
     request.status = status.is_string() ? status.get<std::string>() : status.dump();
     request.body = entry["body"];
+    request.watch = entry.value("watch", false);
     requests.push_back(std::move(request));
   }
   return requests;

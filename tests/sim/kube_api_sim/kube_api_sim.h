@@ -14,7 +14,8 @@
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |
 // deny VERB RESOURCE.GROUP | allow VERB RESOURCE.GROUP (RBAC, e.g. `deny list kubevirts.kubevirt.io`: 403) |
 // admission policy|binding JSON | delete-admission policy|binding NAME | admission-api on|off | slices |
-// delete-slices NODE (a kubelet's start)
+// delete-slices NODE (a kubelet's start) | patch-slice NAME JSON | feature-gates G=B,... | compact (410 for older
+// watches) | close-watches | bookmark-interval SECONDS
 #pragma once
 
 #include <sys/types.h>
@@ -42,6 +43,9 @@ struct KubeApiSimOptions {
   // With tls: also accept a client certificate (client_cert_file()/client_key_file(), self-signed, CN
   // vfio-gpu-agent) instead of the bearer token, as kube-apiserver's x509 authentication does.
   bool client_cert = false;
+  // kube-apiserver's --feature-gates ("DRADeviceTaints=false" is a 1.34/1.35 server: it drops devices[].taints);
+  // empty: v1.36's defaults.
+  std::string feature_gates;
 };
 
 // One request the server answered. status is the HTTP code ("200", "409", ...) or "cut" / "hang".
@@ -51,6 +55,7 @@ struct KubeApiRequest {
   std::string content_type;
   std::string status;
   nlohmann::json body;  // parsed JSON body, null when there was none
+  bool watch = false;   // a watch (GET ...?watch=true), logged when it starts
 };
 
 class KubeApiSim {

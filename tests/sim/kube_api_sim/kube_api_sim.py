@@ -4,7 +4,9 @@
 Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
-spec.nodeName/spec.driver field selectors, create, update, delete, validated as kube-apiserver validates them) on
+spec.nodeName/spec.driver field selectors, watch with the same selectors (chunked JSON lines, 410 Gone for a
+compacted resourceVersion, bookmarks), create, update, delete, validated as kube-apiserver validates them: the device
+cap of 128, 64 with taints, consumesCounters or list attributes; the fields of disabled feature gates dropped) on
 127.0.0.1 (http, or https with --tls-cert/--tls-key; --client-ca adds x509 client authentication). Prints "LISTENING <url>" on stdout once it accepts
 connections. Every API request is appended to --log as one JSON line (method, path, content_type, status,
 body) before the response is sent, so a test that sees the line knows the server decided.
@@ -40,6 +42,11 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
   deviceclasses JSON_LIST_ITEMS   the resource.k8s.io/v1 DeviceClasses (a JSON list of objects; none until then)
   delete-slices NODE              what a kubelet does at its start: every ResourceSlice of NODE is deleted
+  patch-slice NAME JSON_PATCH     another writer changes a slice (RFC 7386 merge patch; resourceVersion moves on)
+  feature-gates GATE=BOOL[,...]   as --feature-gates, from now on (an apiserver restarted with other gates)
+  compact                         etcd compaction: a watch from any resourceVersion before now gets 410 Gone
+  close-watches                   every open watch ends (an apiserver restart, a load balancer's idle cut)
+  bookmark-interval SECONDS       how often an idle watch with allowWatchBookmarks gets a BOOKMARK (default 60)
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
 """
 import argparse
@@ -52,6 +59,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.parse
 import uuid
 
@@ -59,7 +67,18 @@ MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-SLICE_MAX_DEVICES = 128
+SLICE_MAX_DEVICES = 128  # resource.k8s.io ResourceSliceMaxDevices
+# ResourceSliceMaxDevicesWithAdvancedFeatures: the cap when any device of the slice has taints, consumes counters or
+# has a list-type attribute (pkg/apis/resource/validation: haveDeviceTaints, haveConsumesCounters,
+# haveListAttributes). Binding conditions and allowMultipleAllocations do not lower it.
+SLICE_MAX_DEVICES_ADVANCED = 64
+LIST_ATTRIBUTE_KINDS = ("ints", "bools", "strings", "versions")
+# kube-apiserver v1.36's defaults for the gates whose fields the ResourceSlice strategy drops when they are off
+# (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields). 1.34/1.35: the first four were alpha (off).
+FEATURE_GATES_1_36 = {"DRADeviceTaints": True, "DRAPartitionableDevices": True, "DRADeviceBindingConditions": True,
+                      "DRAResourceClaimDeviceStatus": True, "DRAConsumableCapacity": True,
+                      "DRAListTypeAttributes": False, "DRANodeAllocatableResources": False}
+WATCH_HISTORY = 1000  # events kept for watches from an older resourceVersion (the watch cache's window)
 SLICE_MAX_ATTRIBUTES = 32  # attributes + capacities of one device
 ATTRIBUTE_MAX_STRING = 64
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -133,6 +152,14 @@ class State:
         self.admission = {"validatingadmissionpolicies": {}, "validatingadmissionpolicybindings": {}}
         self.admission_served = True
         self.slices = {}  # name -> resource.k8s.io/v1 ResourceSlice
+        self.feature_gates = dict(FEATURE_GATES_1_36)
+        # Watches of resourceslices: every change as (resourceVersion, type, object), the last WATCH_HISTORY kept;
+        # a watch from a resourceVersion older than oldest_rv gets 410 Gone. `changed` wakes the watches.
+        self.slice_events = []
+        self.oldest_rv = 0
+        self.watch_generation = 0  # close-watches ends every open watch
+        self.changed = threading.Condition(self.lock)
+        self.bookmark_interval = 60.0
         self.claims = {}  # (namespace, name) -> ResourceClaim
         self.faults = []
         self.released = threading.Event()
@@ -142,6 +169,22 @@ class State:
     def next_rv(self):
         self.rv += 1
         return str(self.rv)
+
+    def slice_event(self, kind, obj):
+        """Records a change of a ResourceSlice for the watches (held: self.lock)."""
+        self.slice_events.append((int(obj["metadata"]["resourceVersion"]), kind, copy.deepcopy(obj)))
+        if len(self.slice_events) > WATCH_HISTORY:
+            dropped = self.slice_events[:len(self.slice_events) - WATCH_HISTORY]
+            self.slice_events = self.slice_events[len(dropped):]
+            self.oldest_rv = dropped[-1][0]
+        self.changed.notify_all()
+
+    def delete_slice(self, name):
+        """Deletes a stored slice; its DELETED event carries the deletion's resourceVersion, as etcd's does."""
+        obj = self.slices.pop(name)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = self.next_rv()
+        self.slice_event("DELETED", gone)
 
     def add_node(self, name, labels):
         self.nodes[name] = {
@@ -216,10 +259,88 @@ def validate_conditions(node):
 
 
 def invalid_slice(message):
-    return ApiError(422, "Invalid", f"ResourceSlice.resource.k8s.io is invalid: {message}")
+    # The object's name is filled in by validate_slice, which knows it.
+    return ApiError(422, "Invalid", message)
 
 
-def validate_slice(obj):
+CAUSE_REASONS = (("Too many", "FieldValueTooMany"), ("Too long", "FieldValueTooLong"),
+                 ("Required value", "FieldValueRequired"), ("Duplicate value", "FieldValueDuplicate"),
+                 ("Unsupported value", "FieldValueNotSupported"), ("Invalid value", "FieldValueInvalid"))
+
+
+def validate_slice(obj, name):
+    """kube-apiserver's ResourceSlice validation, answered as it answers: 422 Invalid, the message
+    `ResourceSlice.resource.k8s.io "<name>" is invalid: <field>: <what>` and a StatusDetails cause."""
+    try:
+        check_slice(obj)
+    except ApiError as error:
+        if error.code != 422:
+            raise
+        field, _, what = error.message.partition(": ")
+        reason = next((r for prefix, r in CAUSE_REASONS if what.startswith(prefix)), "FieldValueInvalid")
+        raise ApiError(422, "Invalid", f'ResourceSlice.resource.k8s.io "{name}" is invalid: {error.message}',
+                       details={"name": name, "group": "resource.k8s.io", "kind": "ResourceSlice",
+                                "causes": [{"reason": reason, "message": what, "field": field}]})
+
+
+def slice_uses_advanced_features(spec):
+    """pkg/apis/resource/validation: haveDeviceTaints || haveConsumesCounters || haveListAttributes."""
+    for device in spec.get("devices") or []:
+        if device.get("taints") or device.get("consumesCounters"):
+            return True
+        for value in (device.get("attributes") or {}).values():
+            if isinstance(value, dict) and any(value.get(kind) is not None for kind in LIST_ATTRIBUTE_KINDS):
+                return True
+    return False
+
+
+def drop_disabled_fields(state, new, old):
+    """The ResourceSlice strategy's dropDisabledFields: a field of a disabled gate is silently dropped from what is
+    stored, unless the stored object (an update's old one) already uses it."""
+    gates = state.feature_gates
+    new_spec, old_spec = new.get("spec") or {}, (old or {}).get("spec") or {}
+    new_devices, old_devices = new_spec.get("devices") or [], old_spec.get("devices") or []
+
+    def in_use(spec, devices, device_fields, spec_fields=()):
+        return any(spec.get(f) is not None for f in spec_fields) or \
+            any(device.get(f) not in (None, [], {}) for device in devices for f in device_fields)
+
+    def drop(device_fields, spec_fields=()):
+        for f in spec_fields:
+            new_spec.pop(f, None)
+        for device in new_devices:
+            for f in device_fields:
+                device.pop(f, None)
+
+    if not gates["DRADeviceTaints"] and not in_use(old_spec, old_devices, ("taints",)):
+        drop(("taints",))
+    partitionable = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+    if not gates["DRAPartitionableDevices"] and \
+            not in_use(old_spec, old_devices, partitionable, ("sharedCounters", "perDeviceNodeSelection")):
+        drop(partitionable, ("sharedCounters", "perDeviceNodeSelection"))
+    binding = ("bindingConditions", "bindingFailureConditions", "bindsToNode")
+    if not (gates["DRADeviceBindingConditions"] and gates["DRAResourceClaimDeviceStatus"]) and \
+            not in_use(old_spec, old_devices, binding):
+        drop(binding)
+    if not gates["DRAConsumableCapacity"] and not in_use(old_spec, old_devices, ("allowMultipleAllocations",)) and \
+            not any("requestPolicy" in c for d in old_devices for c in (d.get("capacity") or {}).values()):
+        drop(("allowMultipleAllocations",))
+        for device in new_devices:
+            for capacity in (device.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
+    if not gates["DRANodeAllocatableResources"] and not in_use(old_spec, old_devices, ("nodeAllocatableResources",)):
+        drop(("nodeAllocatableResources",))
+    lists_in_use = any(isinstance(v, dict) and any(k in v for k in LIST_ATTRIBUTE_KINDS)
+                       for d in old_devices for v in (d.get("attributes") or {}).values())
+    if not gates["DRAListTypeAttributes"] and not lists_in_use:
+        for device in new_devices:
+            for value in (device.get("attributes") or {}).values():
+                for kind in LIST_ATTRIBUTE_KINDS:
+                    if isinstance(value, dict):
+                        value.pop(kind, None)
+
+
+def check_slice(obj):
     """The checks of kube-apiserver's ResourceSlice validation that a node-local driver can run into."""
     if not isinstance(obj, dict) or obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
         raise ApiError(400, "BadRequest", "expected apiVersion resource.k8s.io/v1, kind ResourceSlice")
@@ -241,8 +362,9 @@ def validate_slice(obj):
         raise invalid_slice("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
                             "`perDeviceNodeSelection` is required")
     devices = spec.get("devices") or []
-    if len(devices) > SLICE_MAX_DEVICES:
-        raise invalid_slice(f"spec.devices: Too many: {len(devices)}: must have at most {SLICE_MAX_DEVICES} items")
+    max_devices = SLICE_MAX_DEVICES_ADVANCED if slice_uses_advanced_features(spec) else SLICE_MAX_DEVICES
+    if len(devices) > max_devices:
+        raise invalid_slice(f"spec.devices: Too many: {len(devices)}: must have at most {max_devices} items")
     names = set()
     for i, device in enumerate(devices):
         where = f"spec.devices[{i}]"
@@ -290,6 +412,16 @@ def field_selector(path):
             field, _, wanted = term.replace("==", "=").partition("=")
             terms[field] = wanted
     return terms
+
+
+class WatchStream:
+    """What a watch request asked for: its selector, resourceVersion, timeoutSeconds and allowWatchBookmarks."""
+    def __init__(self, selected, query):
+        self.selected = selected
+        self.resource_version = query.get("resourceVersion", [""])[0]
+        # kube-apiserver's default is a random 30 to 60 minutes (--min-request-timeout 1800).
+        self.timeout = float(query.get("timeoutSeconds", ["1800"])[0])
+        self.bookmarks = query.get("allowWatchBookmarks", [""])[0] in ("true", "1")
 
 
 def make_handler(state):
@@ -341,6 +473,8 @@ def make_handler(state):
                         f"{path.rsplit('/', 1)[-1]} is forbidden: ValidatingAdmissionPolicy 'vfio-gpu-agent-own-node' "
                         "with binding 'vfio-gpu-agent-own-node' denied request: the agent may write only its own node"))
                 entry["status"] = code if fault is None or fault["kind"] in ("fail", "deny-policy") else fault["kind"]
+                if fault is None and isinstance(body, WatchStream):
+                    entry["watch"] = True
                 state.write_log(entry)
             if fault is not None and fault["kind"] == "cut":
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\"")
@@ -350,6 +484,9 @@ def make_handler(state):
             if fault is not None and fault["kind"] == "hang":
                 state.released.wait(60)
                 self.cut()
+                return
+            if fault is None and isinstance(body, WatchStream):
+                self.stream_watch(body)
                 return
             payload = json.dumps(body).encode()
             self.send_response(code)
@@ -433,8 +570,11 @@ def make_handler(state):
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
             if verb is None or (name is None) != (verb in ("create", "list")):
                 raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+            if verb == "list" and query.get("watch", [""])[0] in ("true", "1"):
+                verb = "watch"
             self.authorize(verb, "resourceslices", "resource.k8s.io", name)
-            if verb == "list":
+            if verb in ("list", "watch"):
                 wanted = field_selector(self.path)
                 unknown = set(wanted) - {"spec.nodeName", "spec.driver", "metadata.name"}
                 if unknown:
@@ -443,6 +583,8 @@ def make_handler(state):
                     values = {"spec.nodeName": obj["spec"].get("nodeName", ""), "spec.driver": obj["spec"]["driver"],
                               "metadata.name": obj["metadata"]["name"]}
                     return all(values[field] == value for field, value in wanted.items())
+                if verb == "watch":
+                    return 200, WatchStream(selected, query)
                 items = [obj for _, obj in sorted(state.slices.items()) if selected(obj)]
                 return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
                              "metadata": {"resourceVersion": str(state.rv)}, "items": items}
@@ -459,26 +601,31 @@ def make_handler(state):
                     if field in preconditions and preconditions[field] != existing["metadata"][field]:
                         raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.resource.k8s.io '
                                                         f'"{name}": the precondition on {field} failed')
-                del state.slices[name]
+                state.delete_slice(name)
                 return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
             if content_type != "application/json":
                 raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
-            validate_slice(body)
+            if not isinstance(body, dict) or body.get("apiVersion") != "resource.k8s.io/v1" or \
+                    body.get("kind") != "ResourceSlice" or not isinstance(body.get("spec"), dict):
+                raise ApiError(400, "BadRequest", "expected apiVersion resource.k8s.io/v1, kind ResourceSlice")
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
-            for device in obj["spec"].get("devices") or []:
-                for taint in device.get("taints") or []:
-                    taint.setdefault("timeAdded", now_rfc3339())
             if verb == "create":
+                # As kube-apiserver: the name is generated, then the strategy drops disabled fields, then the
+                # object is validated (so a 422 names the generated name).
                 if not meta.get("name"):
                     if not meta.get("generateName"):
                         raise invalid_slice("metadata.name: Required value: name or generateName is required")
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                drop_disabled_fields(state, obj, None)
+                validate_slice(obj, meta["name"])
+                self.stamp_taints(obj, None)
                 if meta["name"] in state.slices:
                     raise ApiError(409, "AlreadyExists", f'resourceslices.resource.k8s.io "{meta["name"]}" already exists')
                 meta.update({"uid": str(uuid.uuid4()), "resourceVersion": state.next_rv(),
                              "creationTimestamp": now_rfc3339()})
                 state.slices[meta["name"]] = obj
+                state.slice_event("ADDED", obj)
                 return 201, obj
             existing = state.slices.get(name)
             if existing is None:
@@ -489,13 +636,95 @@ def make_handler(state):
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "{name}": '
                                                 "the object has been modified; please apply your changes to the latest "
                                                 "version and try again")
+            drop_disabled_fields(state, obj, existing)
+            validate_slice(obj, name)
             if obj["spec"].get("nodeName") != existing["spec"].get("nodeName") or \
                     obj["spec"]["driver"] != existing["spec"]["driver"]:
                 raise invalid_slice("spec.nodeName: Invalid value: field is immutable")
+            self.stamp_taints(obj, existing)
             meta.update({"uid": existing["metadata"]["uid"], "resourceVersion": state.next_rv(),
                          "creationTimestamp": existing["metadata"]["creationTimestamp"]})
             state.slices[name] = obj
+            state.slice_event("MODIFIED", obj)
             return 200, obj
+
+        @staticmethod
+        def stamp_taints(obj, old):
+            # The server sets timeAdded of a taint that has none (kept from the stored taint when it is the same).
+            before = {}
+            for device in ((old or {}).get("spec") or {}).get("devices") or []:
+                for taint in device.get("taints") or []:
+                    before[(device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect"))] = \
+                        taint.get("timeAdded")
+            for device in obj["spec"].get("devices") or []:
+                for taint in device.get("taints") or []:
+                    if "timeAdded" not in taint:
+                        key = (device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect"))
+                        taint["timeAdded"] = before.get(key) or now_rfc3339()
+
+        def stream_watch(self, watch):
+            """Serves a watch: chunked JSON lines, one event each, until timeoutSeconds, a close-watches or the
+            client goes away. A resourceVersion older than the kept history is an ERROR event with a 410 Status."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.close_connection = True
+            def send(event):
+                data = (json.dumps(event) + "\n").encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            deadline = time.monotonic() + watch.timeout
+            try:
+                with state.lock:
+                    generation = state.watch_generation
+                    rv_text = watch.resource_version
+                    if rv_text in ("", "0"):
+                        pending = [{"type": "ADDED", "object": obj} for _, obj in sorted(state.slices.items())
+                                   if watch.selected(obj)]
+                        last = state.rv
+                    elif not rv_text.isdigit():
+                        pending = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                    "message": f"invalid resource version: {rv_text}", "reason": "BadRequest", "code": 400}}]
+                        last = None
+                    elif int(rv_text) < state.oldest_rv:
+                        pending = [{"type": "ERROR", "object": {
+                            "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                            "message": f"too old resource version: {rv_text} ({state.oldest_rv})"}}]
+                        last = None
+                    else:
+                        last = int(rv_text)
+                        pending = []
+                for event in pending:
+                    send(event)
+                next_bookmark = time.monotonic() + state.bookmark_interval
+                while last is not None:
+                    with state.lock:
+                        while True:
+                            events = [(rv, kind, obj) for rv, kind, obj in state.slice_events
+                                      if rv > last and watch.selected(obj)]
+                            now = time.monotonic()
+                            if events or state.watch_generation != generation or now >= deadline or \
+                                    (watch.bookmarks and now >= next_bookmark):
+                                break
+                            state.changed.wait(min(deadline, next_bookmark if watch.bookmarks else deadline) - now)
+                        if state.watch_generation != generation or (not events and now >= deadline):
+                            break
+                        if not events:
+                            last = max(last, state.rv)
+                            bookmark = {"type": "BOOKMARK", "object": {"kind": "ResourceSlice",
+                                        "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": str(last)}}}
+                    if events:
+                        for rv, kind, obj in events:
+                            send({"type": kind, "object": obj})
+                            last = rv
+                    else:
+                        send(bookmark)
+                        next_bookmark = time.monotonic() + state.bookmark_interval
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         @staticmethod
         def authorize(verb, resource, group, name=None):
@@ -599,6 +828,15 @@ def make_handler(state):
     return Handler
 
 
+def set_feature_gates(state, spec):
+    """kube-apiserver's --feature-gates syntax: Gate=true|false[,Gate=...]; only the gates the strategy reads."""
+    for term in spec.split(","):
+        gate, _, value = term.partition("=")
+        if gate not in state.feature_gates or value not in ("true", "false"):
+            raise ValueError(f"unknown feature gate or value: {term}")
+        state.feature_gates[gate] = value == "true"
+
+
 def control(state, line):
     words = line.split()
     if not words:
@@ -666,7 +904,26 @@ def control(state, line):
         elif command == "slices":
             return "OK " + json.dumps([obj for _, obj in sorted(state.slices.items())])
         elif command == "delete-slices" and len(args) == 1:
-            state.slices = {name: obj for name, obj in state.slices.items() if obj["spec"].get("nodeName") != args[0]}
+            for name in [n for n, obj in state.slices.items() if obj["spec"].get("nodeName") == args[0]]:
+                state.delete_slice(name)
+        elif command == "patch-slice" and len(args) >= 2 and args[0] in state.slices:
+            updated = merge_patch(state.slices[args[0]], json.loads(line.split(None, 2)[2]))
+            updated["metadata"]["resourceVersion"] = state.next_rv()
+            state.slices[args[0]] = updated
+            state.slice_event("MODIFIED", updated)
+        elif command == "feature-gates" and len(args) == 1:
+            set_feature_gates(state, args[0])
+        elif command == "compact":
+            # The store moves on and is compacted there: a list answers the new resourceVersion, which can be
+            # watched from; any earlier one is 410 Gone.
+            state.oldest_rv = int(state.next_rv())
+            state.slice_events.clear()
+        elif command == "close-watches":
+            state.watch_generation += 1
+            state.changed.notify_all()
+        elif command == "bookmark-interval" and len(args) == 1:
+            state.bookmark_interval = float(args[0])
+            state.changed.notify_all()
         elif command in ("deny", "allow") and len(args) == 2 and "." in args[1]:
             (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
         else:
@@ -680,6 +937,9 @@ def main():
     parser.add_argument("--token", action="append", default=[])
     parser.add_argument("--node", action="append", default=[])
     parser.add_argument("--log", default="")
+    parser.add_argument("--feature-gates", default="",
+                        help="Gate=true|false,... as kube-apiserver takes them (defaults: v1.36's); e.g. "
+                             "DRADeviceTaints=false drops devices[].taints as 1.34/1.35 do")
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
     parser.add_argument("--client-ca", default="", help="accept client certificates this CA signed (with --tls-cert)")
@@ -688,6 +948,8 @@ def main():
     state = State(args.token, args.log)
     for name in args.node:
         state.add_node(name, {})
+    if args.feature_gates:
+        set_feature_gates(state, args.feature_gates)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
     server.daemon_threads = True
     scheme = "http"
