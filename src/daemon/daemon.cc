@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -550,7 +551,28 @@ void Daemon::Impl::ApplyVgpuProfiles() {
     return;
   }
   absl::StatusOr<vgpu::VgpuConfigFile> file = vgpu::LoadVgpuConfig(options_.vgpu_config_file);
-  const vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = &vgpu_catalog_, .new_uuid = {}};
+  vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = &vgpu_catalog_, .new_uuid = {}, .claimed = {}};
+  if (options_.dra) {
+    // A prepared claim's vGPU is the VM's from Prepare on, though virt-launcher opens its group only once its image
+    // is pulled: the checkpoint says which (vgpu is below dra, so the daemon hands them over).
+    absl::StatusOr<dra::CheckpointRead> checkpoint = dra::ReadCheckpoint(*options_.dra);
+    if (!checkpoint.ok()) {
+      // Without it no vGPU can be known free of a claim: nothing is changed this pass.
+      vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+      PublishVgpuConfig("pending", kube::EventType::kWarning, "VgpuConfigPending",
+                        absl::StrCat("vGPU config '", name, "': the DRA checkpoint cannot be read (",
+                                     checkpoint.status().message(), "); no vGPU is changed until it can"),
+                        false);
+      return;
+    }
+    for (const dra::CheckpointedClaim& claim : checkpoint->claims) {
+      for (const std::string& uuid : claim.mdev_uuids) apply.claimed[uuid] = "DRA claim " + claim.ref;
+      for (const std::string& vf : claim.vgpu_vfs) apply.claimed[vf] = "DRA claim " + claim.ref;
+    }
+    for (const std::string& unreadable : checkpoint->unreadable) {
+      spdlog::warn("vGPU config: DRA checkpoint file {} unreadable: its claim's vGPUs are not known held", unreadable);
+    }
+  }
   const absl::StatusOr<vgpu::ApplyReport> report =
       file.ok() ? vgpu::ApplyVgpuConfig(apply, *file, name) : absl::StatusOr<vgpu::ApplyReport>(file.status());
   const std::string what = absl::StrCat("vGPU config '", name, "'");
@@ -567,13 +589,16 @@ void Daemon::Impl::ApplyVgpuProfiles() {
   for (const vgpu::GpuApplyResult& gpu : report->gpus) {
     created += static_cast<int>(gpu.created.size());
     removed += static_cast<int>(gpu.removed.size());
-    if (gpu.outcome == vgpu::GpuOutcome::kFailed) failed.emplace_back(gpu.error.message());
+    if (gpu.outcome == vgpu::GpuOutcome::kFailed || gpu.outcome == vgpu::GpuOutcome::kDoesNotFit) {
+      failed.emplace_back(gpu.error.message());
+    }
     if (gpu.outcome == vgpu::GpuOutcome::kPendingHeld) {
       pending.push_back(absl::StrCat("GPU ", gpu.bdf, " waits for a VM to free ", absl::StrJoin(gpu.held, "; ")));
     }
   }
   const std::string state = report->State();
-  if (state != "success") vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+  // A config that does not fit is not tried again on a timer: the next pass the config or the cards cause is.
+  if (report->RetryLater()) vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
   if (state == "failed") {
     PublishVgpuConfig(state, kube::EventType::kWarning, "VgpuConfigFailed",
                       absl::StrCat(what, ": ", absl::StrJoin(failed, "; ")), report->changed());

@@ -202,10 +202,29 @@ TEST_F(VgpuConfigRunTest, AFailureIsTheStateLabelAndAWarningNamingTheDeviceAndTh
   ASSERT_TRUE(WaitEvent("VgpuConfigFailed"));
   const nlohmann::json event = EventOf("VgpuConfigFailed");
   EXPECT_EQ(event.value("type", ""), "Warning");
-  EXPECT_THAT(event.value("note", ""), HasSubstr("GPU 0000:3b:00.0: create T4-2Q on 0000:3b:00.0"));
-  EXPECT_THAT(event.value("note", ""), HasSubstr("Too many users"));
-  // What fits is made and advertised all the same.
-  EXPECT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-2Q", 8));
+  EXPECT_THAT(event.value("note", ""), HasSubstr("GPU 0000:3b:00.0: card 0000:3b:00.0 cannot hold 10x T4-2Q"));
+  EXPECT_THAT(event.value("note", ""), HasSubstr("T4-2Q (nvidia-231, max_instance 8): wanted 10, possible 8"));
+  for (const std::string& line : sysfs_->Log()) EXPECT_THAT(line, ::testing::Not(HasSubstr("mdev-create")));
+}
+
+// A relabel to a config the cards cannot hold (32 T4-1Q where a T4 holds 16) leaves the vGPUs the node has: the
+// four T4-4Q stay, made and advertised, and nothing is removed or created.
+TEST_F(VgpuConfigRunTest, AConfigThatCannotFitLeavesTheCardsAsTheyWere) {
+  Label("t4-4q-4");
+  StartDaemon("");
+  ASSERT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-4Q", 4));
+  ASSERT_TRUE(WaitState("success")) << StateLabel();
+  const size_t writes = sysfs_->Log().size();
+
+  Label("t4-1q-32");
+  daemon_->ReconcileNow();
+  ASSERT_TRUE(WaitState("failed")) << StateLabel();
+  ASSERT_TRUE(WaitEvent("VgpuConfigFailed"));
+  EXPECT_THAT(EventOf("VgpuConfigFailed").value("note", ""),
+              HasSubstr("T4-1Q (nvidia-230, max_instance 16): wanted 32, possible 16"));
+  const std::vector<std::string> log = sysfs_->Log();
+  for (size_t i = writes; i < log.size(); ++i) ADD_FAILURE() << "written for a config that cannot fit: " << log[i];
+  EXPECT_TRUE(WaitAllocatable("nvidia.com/GRID_T4-4Q", 4));
 }
 
 // The node turns vm-passthrough (the workload label) while a VM runs on one of the T4's vGPUs: the A10 is bound at
