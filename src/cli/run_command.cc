@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/cli/inspect.h"
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
@@ -17,9 +18,9 @@ namespace {
 
 std::vector<FlagSpec> RunFlags() {
   std::vector<FlagSpec> specs;
-  // A daemon that only plans would retry its plan forever: --dry-run belongs to `bind`.
+  // A daemon that only plans would retry its plan forever: --dry-run belongs to `bind`. --state-dir is serve's.
   for (auto& spec : BindFlags()) {
-    if (spec.name != "dry-run") specs.push_back(std::move(spec));
+    if (spec.name != "dry-run" && spec.name != kStateDirFlag) specs.push_back(std::move(spec));
   }
   for (auto& spec : ServeFlags()) specs.push_back(std::move(spec));
   for (auto& spec : DraFlags()) specs.push_back(std::move(spec));
