@@ -35,8 +35,9 @@ std::vector<FlagSpec> RunFlags() {
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
       {"workload-label-interval", "MS",
-       "how often the node label nvidia.com/gpu.workload.config is read (a GET of the node; a change switches the "
-       "mode), in milliseconds", "30000"},
+       "until the watch of the agent's own Node has listed it (without list/watch RBAC on nodes: always), how often "
+       "its labels are read (a GET of the node; a change of nvidia.com/gpu.workload.config switches the mode), in "
+       "milliseconds", "30000"},
       {"vgpu-config-file", "FILE",
        "vm-vgpu: vGPU profiles to create, in NVIDIA vgpu-device-manager's format (a ConfigMap); applied on every "
        "pass (only the difference; a vGPU a VM holds is kept until freed), the outcome in the node label "

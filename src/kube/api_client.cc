@@ -1,5 +1,6 @@
 #include "api_client.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/ascii.h"
@@ -20,10 +21,32 @@ struct Transfer {
   std::optional<std::chrono::seconds> retry_after;
   const std::atomic<bool>* abort = nullptr;
   bool too_big = false;
+  // A watch: 2xx data is cut into lines for on_line instead of collected.
+  const std::function<void(absl::string_view)>* on_line = nullptr;
+  const CurlLibrary* curl = nullptr;
+  CURL* handle = nullptr;
+  std::string partial_line;
 };
 
 size_t OnBody(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
+  if (transfer->on_line != nullptr) {
+    long code = 0;
+    transfer->curl->easy_getinfo(transfer->handle, CURLINFO_RESPONSE_CODE, &code);
+    if (code >= 200 && code < 300) {
+      transfer->partial_line.append(data, size * count);
+      size_t start = 0;
+      for (size_t end; (end = transfer->partial_line.find('\n', start)) != std::string::npos; start = end + 1) {
+        if (end > start) (*transfer->on_line)(absl::string_view(transfer->partial_line).substr(start, end - start));
+      }
+      transfer->partial_line.erase(0, start);
+      if (transfer->partial_line.size() > kMaxResponse) {  // one event over 8 MiB: a misbehaving server
+        transfer->too_big = true;
+        return 0;
+      }
+      return size * count;
+    }
+  }
   if (transfer->body.size() + size * count > kMaxResponse) {
     transfer->too_big = true;
     return 0;
@@ -71,10 +94,26 @@ absl::StatusOr<ApiResponse> ApiClient::Send(absl::string_view method, absl::stri
   return response;
 }
 
+absl::StatusOr<ApiResponse> ApiClient::Watch(absl::string_view path, std::chrono::milliseconds timeout,
+                                             const std::atomic<bool>* abort,
+                                             const std::function<void(absl::string_view)>& on_line) {
+  const std::string url = Url(path);
+  absl::StatusOr<std::string> token = tokens_.Current();
+  if (!token.ok()) return token.status();
+  absl::StatusOr<ApiResponse> response = SendOnce("GET", url, "", "", *token, timeout, abort, &on_line);
+  if (response.ok() && response->code == 401 && tokens_.Reload()) {
+    token = tokens_.Current();
+    if (!token.ok()) return token.status();
+    response = SendOnce("GET", url, "", "", *token, timeout, abort, &on_line);
+  }
+  return response;
+}
+
 absl::StatusOr<ApiResponse> ApiClient::SendOnce(absl::string_view method, const std::string& url,
                                                 absl::string_view content_type, absl::string_view body,
                                                 const std::string& token, std::chrono::milliseconds timeout,
-                                                const std::atomic<bool>* abort) {
+                                                const std::atomic<bool>* abort,
+                                                const std::function<void(absl::string_view)>* on_line) {
   const absl::StatusOr<CurlLibrary>& opened = Curl();
   if (!opened.ok()) return opened.status();
   const CurlLibrary& curl = *opened;
@@ -92,6 +131,9 @@ absl::StatusOr<ApiResponse> ApiClient::SendOnce(absl::string_view method, const 
 
   Transfer transfer;
   transfer.abort = abort;
+  transfer.on_line = on_line;
+  transfer.curl = &curl;
+  transfer.handle = h;
   const std::string method_string(method);
   curl.easy_setopt(h, CURLOPT_URL, url.c_str());
   curl.easy_setopt(h, CURLOPT_CUSTOMREQUEST, method_string.c_str());
@@ -99,7 +141,9 @@ absl::StatusOr<ApiResponse> ApiClient::SendOnce(absl::string_view method, const 
   curl.easy_setopt(h, CURLOPT_USERAGENT, "vfio-gpu-agent");
   curl.easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for DNS timeouts: the agent is multi-threaded
   curl.easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout.count()));
-  curl.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout.count()));
+  // A watch's connection is set up in the time of an ordinary request; only its stream lasts the whole timeout.
+  const int64_t connect_ms = on_line != nullptr ? std::min<int64_t>(timeout.count(), 10000) : timeout.count();
+  curl.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_ms));
   curl.easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
   curl.easy_setopt(h, CURLOPT_WRITEDATA, &transfer);
   curl.easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,12 +40,21 @@ class ApiClient {
                                    absl::string_view body, std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* abort = nullptr);
 
+  // A watch (GET `path` with watch=1): the 2xx answer is a stream of JSON lines, each handed to `on_line` on the
+  // calling thread as it arrives, never collected in the response's body (which holds a non-2xx answer). Returns
+  // when the server ends the stream, `timeout` passes (DeadlineExceeded) or `abort` becomes true (Cancelled, at
+  // libcurl's next progress callback, within a second). Errors as Send's.
+  absl::StatusOr<ApiResponse> Watch(absl::string_view path, std::chrono::milliseconds timeout,
+                                    const std::atomic<bool>* abort,
+                                    const std::function<void(absl::string_view)>& on_line);
+
   uint64_t requests() const { return requests_.load(); }
 
  private:
   absl::StatusOr<ApiResponse> SendOnce(absl::string_view method, const std::string& url, absl::string_view content_type,
                                        absl::string_view body, const std::string& token,
-                                       std::chrono::milliseconds timeout, const std::atomic<bool>* abort);
+                                       std::chrono::milliseconds timeout, const std::atomic<bool>* abort,
+                                       const std::function<void(absl::string_view)>* on_line = nullptr);
 
   const ClusterConfig config_;
   TokenSource tokens_;

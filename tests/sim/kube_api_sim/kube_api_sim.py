@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
-Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
+Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), the list of nodes with the
+metadata.name field selector and its watch (?watch=1: chunked JSON lines, ADDED/MODIFIED/DELETED of the node as it
+changes, changes between two looks folded into one event as a watch cache may; timeoutSeconds ends it; a
+resourceVersion older than the last `compact` is an ERROR event with a 410 Status, as kube-apiserver answers after
+etcd compaction), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, create, update, delete, validated as kube-apiserver validates them) on
@@ -14,6 +18,8 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   node NAME [LABELS_JSON]         add (or replace) a node
   delete-node NAME                the node disappears (404)
   touch-node NAME                 another writer updated the node: its resourceVersion moves on
+  compact                         etcd compaction: every open watch ends with an ERROR event of code 410 (Gone), and
+                                  a watch from an older resourceVersion gets one at once (the client lists again)
   relabel NAME LABELS_JSON        kubectl label: the node's labels become LABELS_JSON (status and conditions kept)
   get-node NAME                   OK <node json>
   events                          OK <json list of stored Events>
@@ -52,6 +58,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.parse
 import uuid
 
@@ -138,6 +145,9 @@ class State:
         self.released = threading.Event()
         self.rv = 100
         self.log = open(log_path, "a", buffering=1) if log_path else None
+        self.changed = threading.Condition(self.lock)  # notified after every request and command
+        self.compacted_rv = 0
+        self.watch_epoch = 0  # `compact` ends the watches of earlier epochs
 
     def next_rv(self):
         self.rv += 1
@@ -292,6 +302,14 @@ def field_selector(path):
     return terms
 
 
+class Watch:
+    """A watch request on nodes: the node (metadata.name field selector), from which resourceVersion, how long."""
+    def __init__(self, name, query):
+        self.name = name
+        self.rv = int(query.get("resourceVersion", ["0"])[0] or 0)
+        self.timeout = int(query.get("timeoutSeconds", ["1800"])[0])
+
+
 def make_handler(state):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -342,6 +360,7 @@ def make_handler(state):
                         "with binding 'vfio-gpu-agent-own-node' denied request: the agent may write only its own node"))
                 entry["status"] = code if fault is None or fault["kind"] in ("fail", "deny-policy") else fault["kind"]
                 state.write_log(entry)
+                state.changed.notify_all()
             if fault is not None and fault["kind"] == "cut":
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\"")
                 self.wfile.flush()
@@ -351,6 +370,9 @@ def make_handler(state):
                 state.released.wait(60)
                 self.cut()
                 return
+            if isinstance(body, Watch):
+                self.stream_watch(body)
+                return
             payload = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -359,6 +381,59 @@ def make_handler(state):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(payload)
+
+        def stream_watch(self, watch):
+            """The events of one node from watch.rv on, one JSON line per chunk, until timeoutSeconds, `compact` or
+            the client going away."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            deadline = time.monotonic() + watch.timeout
+
+            def send(event):
+                data = (json.dumps(event) + "\n").encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            try:
+                with state.lock:
+                    epoch = state.watch_epoch
+                    seen = state.nodes.get(watch.name)
+                    known = seen is not None and int(seen["metadata"]["resourceVersion"]) <= watch.rv
+                    sent_rv = watch.rv
+                    too_old = watch.rv < state.compacted_rv
+                while True:
+                    events, done = [], too_old
+                    with state.lock:
+                        if too_old or state.watch_epoch != epoch:
+                            events.append({"type": "ERROR", "object": {
+                                "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                                "code": 410, "message": f"too old resource version: {watch.rv} ({state.compacted_rv})"}})
+                            done = True
+                        else:
+                            node = state.nodes.get(watch.name)
+                            if node is not None and int(node["metadata"]["resourceVersion"]) > sent_rv:
+                                events.append({"type": "MODIFIED" if known else "ADDED", "object": copy.deepcopy(node)})
+                                sent_rv, known = int(node["metadata"]["resourceVersion"]), True
+                            elif node is None and known:
+                                events.append({"type": "DELETED", "object": copy.deepcopy(seen)})
+                                known = False
+                            seen = node if node is not None else seen
+                            remaining = deadline - time.monotonic()
+                            if not events:
+                                if remaining <= 0:
+                                    break
+                                state.changed.wait(min(remaining, 1.0))
+                                continue
+                    for event in events:
+                        send(event)
+                    if done:
+                        break
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.close_connection = True
 
         def cut(self):
             self.close_connection = True
@@ -392,6 +467,14 @@ def make_handler(state):
                 except ValueError as error:
                     raise ApiError(400, "BadRequest", f"invalid JSON: {error}")
             parts = [p for p in path.split("/") if p]
+            if parts == ["api", "v1", "nodes"] and method == "GET":
+                name = field_selector(self.path).get("metadata.name")
+                query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+                if query.get("watch", ["false"])[0] in ("1", "true"):
+                    return 200, Watch(name, query)
+                items = [node for node_name, node in sorted(state.nodes.items()) if name in (None, node_name)]
+                return 200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": str(state.rv)},
+                             "items": items}
             if parts[:3] == ["api", "v1", "nodes"] and len(parts) in (4, 5):
                 return self.node(method, parts[3], len(parts) == 5 and parts[4] == "status", content_type, body)
             if parts[:3] == ["apis", "events.k8s.io", "v1"] and len(parts) in (6, 7) and parts[3] == "namespaces" \
@@ -669,8 +752,12 @@ def control(state, line):
             state.slices = {name: obj for name, obj in state.slices.items() if obj["spec"].get("nodeName") != args[0]}
         elif command in ("deny", "allow") and len(args) == 2 and "." in args[1]:
             (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
+        elif command == "compact" and not args:
+            state.compacted_rv = state.rv
+            state.watch_epoch += 1
         else:
             return f"ERR unknown or malformed command: {line}"
+        state.changed.notify_all()
     return "OK"
 
 
