@@ -5,6 +5,7 @@
 #include "absl/time/time.h"
 #include "vfio_gpu_agent/binding/binder.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/cli/inspect.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 
 namespace vfio_agent::cli {
@@ -59,6 +60,26 @@ int PrintReport(const absl::StatusOr<binding::BindReport>& report, const CommonO
   return report->ok() ? kExitOk : kExitNotReady;
 }
 
+// --workload vm-vgpu: the GPUs belong to nvidia, the vGPU manager; moving one to vfio-pci would take its vGPUs off
+// it. Nothing is written: the answer is what the node serves instead (exit 0, so a script running `bind` on every
+// node in its own mode goes on).
+int BindNothingOnVgpuNode(const ParsedCommand& cmd, std::ostream& out) {
+  auto db = LoadNameDatabase(cmd.common);
+  auto report = BuildInspectReport(cmd.common, db.get(), VgpuCatalogFile(cmd.flags));
+  if (!report.ok()) {
+    std::cerr << "vfio-gpu-agent bind: " << report.status().message() << "\n";
+    return kExitError;
+  }
+  if (cmd.common.json) {
+    out << FormatInspectJson(*report);
+    return kExitOk;
+  }
+  out << "bind: nothing to bind on a vm-vgpu node: every GPU stays on nvidia, the vGPU manager (binding one to "
+         "vfio-pci would take its vGPUs away); nothing was written\n"
+      << FormatVgpusText(*report) << "\n" << report->summary() << "\n";
+  return kExitOk;
+}
+
 int Usage(std::string_view name, const absl::Status& status) {
   std::cerr << "vfio-gpu-agent " << name << ": " << status.message() << "\n";
   return kExitUsage;
@@ -74,6 +95,9 @@ std::vector<FlagSpec> BindFlags() {
       {"devnode-wait", "DURATION", "how long to wait for /dev/vfio/<group> after a bind", "2s"},
       {"parallelism", "N", "IOMMU groups handled at once (0 = all)", "0"},
       {"kernel-release", "RELEASE", "kernel release for modules.alias and module loading", "uname -r"},
+      {kStateDirFlag, "DIR",
+       "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs listed (read only)",
+       "/var/lib/vfio-gpu-agent"},
   };
 }
 
@@ -103,10 +127,13 @@ int RunBind(const std::vector<std::string>& args, std::ostream& out) {
   if (auto exit = ParseCommand("bind",
                                "Moves every selected GPU, with every NVIDIA function of its IOMMU group, to vfio-pci (or\n"
                                "the device's vfio variant driver) and verifies it. Devices already on vfio are left\n"
-                               "untouched. Exit 0 when every selected device ends on its vfio driver, 1 otherwise.",
+                               "untouched. Exit 0 when every selected device ends on its vfio driver, 1 otherwise.\n"
+                               "With --workload vm-vgpu it binds nothing (the GPUs stay on nvidia, the vGPU manager):\n"
+                               "it says so, lists the vGPUs the node serves and exits 0.",
                                BindFlags(), args, out, &cmd)) {
     return *exit;
   }
+  if (cmd.common.workload == Workload::kVmVgpu) return BindNothingOnVgpuNode(cmd, out);
   auto options = BinderOptionsFromFlags(cmd);
   if (!options.ok()) return Usage("bind", options.status());
   return PrintReport(binding::Bind(*options), cmd.common, "bind", out);

@@ -11,8 +11,12 @@
 #include "absl/strings/str_join.h"
 #include "vfio_gpu_agent/binding/plan.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/vgpu/catalog.h"
+#include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/vgpu/served.h"
 
 namespace vfio_agent::cli {
 namespace {
@@ -49,14 +53,60 @@ std::string ActionText(const rpt::Function& fn) {
     case rpt::ALREADY_BOUND: return absl::StrCat("already on ", fn.driver());
     case rpt::WOULD_BIND: return absl::StrCat("would bind -> ", fn.target_driver());
     case rpt::BLOCKED: return absl::StrCat("blocked: ", fn.reason());
-    case rpt::STAYS: return "stays";
+    case rpt::STAYS: return fn.reason().empty() ? "stays" : absl::StrCat("stays: ", fn.reason());
     default: return "?";
   }
 }
 
+// vm-vgpu: the vGPUs as the frontends serve them (vgpu::ServedVgpusOf, the one rule of the device plugin and the
+// DRA driver), discovered with an in-memory copy of the catalog so that nothing is written.
+void AddServedVgpus(const CommonOptions& options, const pci::Inventory& inventory,
+                    const std::filesystem::path& catalog_file, rpt::InspectReport& report) {
+  vgpu::CatalogStore file_store(catalog_file);
+  if (!catalog_file.empty()) {
+    if (absl::Status loaded = file_store.Load(); !loaded.ok()) {
+      report.add_vgpu_problems(absl::StrCat("vGPU catalog ", catalog_file.string(), ": ", loaded.message()));
+    }
+  }
+  vgpu::CatalogStore catalog = file_store.InMemory();
+  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options.paths.sysfs_root, inventory, catalog);
+  if (!discovery.ok()) {
+    report.add_vgpu_problems(std::string(discovery.status().message()));
+    return;
+  }
+  const vgpu::ServedVgpus served = vgpu::ServedVgpusOf(*discovery, inventory, options.resource_domain);
+  for (const vgpu::ServedMdev& mdev : served.mdevs) {
+    rpt::Vgpu* out = report.add_vgpus();
+    out->set_id(mdev.mdev->uuid);
+    out->set_framework("mdev");
+    out->set_type_name(mdev.mdev->type_name);
+    out->set_resource_name(mdev.resource_name);
+    out->set_dra_device(dra::MdevDeviceName(mdev.mdev->uuid));
+    out->set_parent(mdev.mdev->parent_bdf);
+    if (mdev.parent != nullptr) out->set_gpu(mdev.parent->physfn.value_or(mdev.parent->bdf));
+    out->set_iommu_group(mdev.mdev->iommu_group.value_or(-1));
+  }
+  for (const vgpu::ServedVf& vf : served.vfs) {
+    rpt::Vgpu* out = report.add_vgpus();
+    out->set_id(vf.vgpu->bdf);
+    out->set_framework("sriov");
+    out->set_type_name(vf.vgpu->type_name);
+    out->set_resource_name(vf.resource_name);
+    out->set_dra_device(dra::VfDeviceName(vf.vgpu->bdf));
+    out->set_gpu(vf.vgpu->pf_bdf);
+    out->set_iommu_group(vf.vf->iommu_group.value_or(-1));
+  }
+  for (const std::string& problem : served.problems) report.add_vgpu_problems(problem);
+}
+
 }  // namespace
 
-absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& options, const names::PciIdsDatabase* db) {
+std::filesystem::path VgpuCatalogFile(const FlagValues& flags) {
+  return std::filesystem::path(flags.Get(kStateDirFlag, "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt";
+}
+
+absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& options, const names::PciIdsDatabase* db,
+                                                      const std::filesystem::path& vgpu_catalog_file) {
   auto inventory = pci::Scan(options.paths.sysfs_root, {.detail_vendor = options.policy.vendor_id});
   if (!inventory.ok()) return inventory.status();
   pci::Selection selection = pci::Select(*inventory, options.policy);
@@ -147,6 +197,31 @@ absl::StatusOr<rpt::InspectReport> BuildInspectReport(const CommonOptions& optio
   }
 
   const size_t selected = selection.gpus.size();
+  report.set_workload(WorkloadName(options.workload));
+  if (options.workload == Workload::kVmVgpu) {
+    // Nothing is bound on a vm-vgpu node: the GPUs stay on (or `run` moves them back to) nvidia, the vGPU manager,
+    // and what the kubelet sees are their vGPUs.
+    for (rpt::Function& fn : *report.mutable_functions()) {
+      fn.set_action(rpt::STAYS);
+      fn.set_target_driver("");
+      fn.set_resource_name("");
+      fn.set_reason(fn.driver() == "nvidia" ? "vm-vgpu: on nvidia, the vGPU manager"
+                                            : absl::StrCat("vm-vgpu: `run` moves it to nvidia, the vGPU manager (now on ",
+                                                           fn.driver().empty() ? "no driver" : fn.driver(), ")"));
+    }
+    AddServedVgpus(options, *inventory, vgpu_catalog_file, report);
+    std::set<std::string> gpus, resources;
+    for (const rpt::Vgpu& vgpu : report.vgpus()) {
+      gpus.insert(vgpu.gpu());
+      resources.insert(vgpu.resource_name());
+    }
+    report.set_ready(report.vgpus_size() > 0);
+    report.set_summary(absl::StrFormat(
+        "vm-vgpu: %d vGPU(s) on %d GPU(s) served under %d resource name(s); nothing is bound on a vm-vgpu node%s",
+        report.vgpus_size(), gpus.size(), resources.size(),
+        report.vgpu_problems_size() > 0 ? absl::StrCat("; ", report.vgpu_problems_size(), " problem(s)") : ""));
+    return report;
+  }
   report.set_ready(blocked == 0);
   if (selected == 0) {
     report.set_summary(absl::StrFormat(
@@ -209,10 +284,37 @@ std::string FormatInspectText(const rpt::InspectReport& report) {
     absl::StrAppend(&text, "\nscan errors:\n");
     for (const auto& e : report.errors()) absl::StrAppend(&text, "  ", e.bdf(), ": ", e.message(), "\n");
   }
+  if (report.workload() == "vm-vgpu") {
+    absl::StrAppend(&text, FormatVgpusText(report), "\n", report.summary(), "\n");
+    absl::StrAppend(&text, report.ready() ? "ready: the node serves its vGPUs; nothing to bind\n"
+                                          : "NOT ready: no vGPU to serve (create them: --vgpu-config of `run`)\n");
+    return text;
+  }
   absl::StrAppend(&text, "\n", report.summary(), "\n");
   if (report.functions_size() > 0) {
     absl::StrAppend(&text, report.ready() ? "ready: every selected device can be passed through\n"
                                           : "NOT ready: see the blocked devices above\n");
+  }
+  return text;
+}
+
+std::string FormatVgpusText(const rpt::InspectReport& report) {
+  std::string text;
+  if (report.vgpus_size() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("\nvGPUs served:\n%-36s %-6s %-22s %-32s %-43s %-13s %5s\n", "VGPU", "KIND",
+                                           "TYPE", "RESOURCE (device plugin)", "DRA DEVICE", "GPU", "GROUP"));
+    for (const rpt::Vgpu& vgpu : report.vgpus()) {
+      absl::StrAppend(&text, absl::StrFormat("%-36s %-6s %-22s %-32s %-43s %-13s %5s\n", vgpu.id(), vgpu.framework(),
+                                             vgpu.type_name(), vgpu.resource_name(), vgpu.dra_device(),
+                                             vgpu.gpu().empty() ? "-" : vgpu.gpu(),
+                                             vgpu.iommu_group() < 0 ? "-" : absl::StrCat(vgpu.iommu_group())));
+    }
+  } else {
+    absl::StrAppend(&text, "\nvGPUs served: none\n");
+  }
+  if (report.vgpu_problems_size() > 0) {
+    absl::StrAppend(&text, "\nvGPUs not served:\n");
+    for (const std::string& problem : report.vgpu_problems()) absl::StrAppend(&text, "  ", problem, "\n");
   }
   return text;
 }
@@ -232,12 +334,19 @@ int RunInspect(const std::vector<std::string>& args, std::ostream& out) {
   if (auto exit = ParseCommand("inspect",
                                "Describes every selected PCI function: ids, class, pci.ids name, resource name, driver,\n"
                                "IOMMU group, NUMA node and what `bind` would do. Read-only.\n"
-                               "Exit 0 when every selected device can be passed through, 1 otherwise.",
-                               {}, args, out, &cmd)) {
+                               "Exit 0 when every selected device can be passed through, 1 otherwise.\n"
+                               "With --workload vm-vgpu nothing is bound: the GPUs stay on nvidia (the vGPU manager), and\n"
+                               "the report lists the vGPUs the node serves (mdev UUID or VF BDF, type, the device plugin's\n"
+                               "resource name, the DRA driver's device name); exit 0 when it serves at least one.",
+                               {{kStateDirFlag, "DIR",
+                                 "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of full "
+                                 "SR-IOV cards (read only)",
+                                 "/var/lib/vfio-gpu-agent"}},
+                               args, out, &cmd)) {
     return *exit;
   }
   auto db = LoadNameDatabase(cmd.common);
-  auto report = BuildInspectReport(cmd.common, db.get());
+  auto report = BuildInspectReport(cmd.common, db.get(), VgpuCatalogFile(cmd.flags));
   if (!report.ok()) {
     std::cerr << "vfio-gpu-agent inspect: " << report.status().message() << "\n";
     return kExitError;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/cli/commands.h"
+#include "vfio_gpu_agent/cli/inspect.h"
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
@@ -17,9 +18,9 @@ namespace {
 
 std::vector<FlagSpec> RunFlags() {
   std::vector<FlagSpec> specs;
-  // A daemon that only plans would retry its plan forever: --dry-run belongs to `bind`.
+  // A daemon that only plans would retry its plan forever: --dry-run belongs to `bind`. --state-dir is serve's.
   for (auto& spec : BindFlags()) {
-    if (spec.name != "dry-run") specs.push_back(std::move(spec));
+    if (spec.name != "dry-run" && spec.name != kStateDirFlag) specs.push_back(std::move(spec));
   }
   for (auto& spec : ServeFlags()) specs.push_back(std::move(spec));
   for (auto& spec : DraFlags()) specs.push_back(std::move(spec));
@@ -34,8 +35,9 @@ std::vector<FlagSpec> RunFlags() {
       {"status-dir", "DIR", "write the GPU Operator compatible validation status files here", "none"},
       {"resync-interval", "MS", "a full reconcile pass when nothing else happens, in milliseconds", "60000"},
       {"workload-label-interval", "MS",
-       "how often the node label nvidia.com/gpu.workload.config is read (a GET of the node; a change switches the "
-       "mode), in milliseconds", "30000"},
+       "until the watch of the agent's own Node has listed it (without list/watch RBAC on nodes: always), how often "
+       "its labels are read (a GET of the node; a change of nvidia.com/gpu.workload.config switches the mode), in "
+       "milliseconds", "30000"},
       {"vgpu-config-file", "FILE",
        "vm-vgpu: vGPU profiles to create, in NVIDIA vgpu-device-manager's format (a ConfigMap); applied on every "
        "pass (only the difference; a vGPU a VM holds is kept until freed), the outcome in the node label "

@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
+#include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -65,6 +66,20 @@ using Labels = std::map<std::string, std::string>;
 std::string WorkloadLabelOf(const Labels& labels) {
   auto it = labels.find(kWorkloadLabel);
   return it == labels.end() ? "" : it->second;
+}
+
+// The labels a pass acts on (mode, vGPU config, the operator's coexistence labels), as one string to compare; the
+// state label the agent writes itself is not one of them.
+std::string RelevantLabels(const Labels& labels) {
+  std::string out;
+  auto add = [&](const char* key) {
+    auto it = labels.find(key);
+    absl::StrAppend(&out, key, "=", it == labels.end() ? "<none>" : it->second, "\n");
+  };
+  add(kWorkloadLabel);
+  add(kVgpuConfigLabel);
+  for (const char* key : kOperatorLabels) add(key);
+  return out;
 }
 
 // A GPU in use, or one of its vGPUs: what may keep it from moving to the other mode's driver.
@@ -188,6 +203,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   // After a failed bind or unbind: the device's next attempt, 1 s doubling to max_backoff. The delay.
   milliseconds BackOff(const std::string& bdf);
   const absl::StatusOr<Labels>& PassLabels();
+  // The labels the watch delivered last; nullopt until it has listed the node (or without a watch).
+  std::optional<Labels> WatchedLabels();
   // Between passes, every workload_label_interval: whether kWorkloadLabel differs from the value last acted on.
   bool WorkloadLabelChanged();
   // At the start of a pass: the mode kWorkloadLabel (else --workload) asks for, switched to when it differs.
@@ -295,6 +312,13 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   std::optional<absl::StatusOr<Labels>> polled_labels_;  // read between passes, with a changed workload label
   Clock::time_point next_label_check_{};
   std::optional<std::string> workload_label_;  // kWorkloadLabel's value last acted on ("" = none)
+  // The node's labels as the reporter's watch delivered them last (written on its thread, read by the loop), and
+  // the loop's wakeup for them. Once the watch has listed the node, passes take the labels from here and nothing
+  // polls; a change of a label the agent acts on starts a pass at once.
+  std::mutex watch_mu_;
+  std::optional<Labels> watched_labels_;
+  plugin::internal::Wakeup label_wakeup_;
+  std::string acted_labels_;  // RelevantLabels of the labels the last pass read (the loop's)
   bool workload_labels_error_logged_ = false;
   std::string mode_change_;  // "vm-passthrough -> vm-vgpu (why)" until the first pass of the new mode reported it
   // GPUs that stay on the other mode's driver while a VM holds them: BDF -> who (the pod, else the pid).
@@ -327,6 +351,16 @@ absl::Status Daemon::Impl::Start() {
     } else {
       uevents_ = std::move(udev);
     }
+  }
+  if (reporter_) {
+    // The watch's thread only stores the labels and wakes the loop; the pass reads them.
+    reporter_->WatchLabels([this](const Labels& labels) {
+      {
+        std::lock_guard lock(watch_mu_);
+        watched_labels_ = labels;
+      }
+      label_wakeup_.Notify();
+    });
   }
   if (absl::Status status = Pass(); !status.ok()) {
     health_.Shutdown();
@@ -376,13 +410,15 @@ void Daemon::Impl::Loop() {
   while (!stopping_) {
     Clock::time_point next = std::min(next_pass_, Clock::now() + max_wait);
     if (refused_) next = std::min(next, next_coexistence_);
-    if (reporter_) next = std::min(next, next_label_check_);
+    const bool watched = WatchedLabels().has_value();  // then the watch says when a label changed: no poll
+    if (reporter_ && !watched) next = std::min(next, next_label_check_);
     for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
     const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
     const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, max_wait.count()));
-    const int uevent_fd = uevents_ ? uevents_->fd() : -1;
-    pollfd fds[3] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {uevent_fd, POLLIN, 0}};
-    ::poll(fds, uevent_fd >= 0 ? 3 : 2, timeout_ms);
+    const int uevent_fd = uevents_ ? uevents_->fd() : -1;  // poll(2) skips a negative fd
+    pollfd fds[4] = {{wakeup_.fd(), POLLIN, 0}, {dirs_.fd(), POLLIN, 0}, {label_wakeup_.fd(), POLLIN, 0},
+                     {uevent_fd, POLLIN, 0}};
+    ::poll(fds, 4, timeout_ms);
     Beat();
     if (stopping_) return;
     bool pass = Clock::now() >= next_pass_;
@@ -391,7 +427,12 @@ void Daemon::Impl::Loop() {
       pass = true;
     }
     if ((fds[1].revents & POLLIN) && dirs_.Drain().devices) pass = true;
-    if (uevent_fd >= 0 && (fds[2].revents & POLLIN)) {
+    if (fds[2].revents & POLLIN) {
+      label_wakeup_.Drain();
+      std::optional<Labels> labels = WatchedLabels();
+      if (labels && RelevantLabels(*labels) != acted_labels_) pass = true;
+    }
+    if (uevent_fd >= 0 && (fds[3].revents & POLLIN)) {
       std::vector<std::string> bdfs;
       if (uevents_->Drain(&bdfs)) pass = true;
       // A uevent for a device is news about it (a holder let go, a reset finished): retry it now.
@@ -400,7 +441,7 @@ void Daemon::Impl::Loop() {
     dirs_.Refresh(options_.serve.paths.kubelet_dir, options_.serve.paths.dev_root);
     const Clock::time_point now = Clock::now();
     if (refused_ && now >= next_coexistence_) pass = true;
-    if (reporter_ && now >= next_label_check_ && WorkloadLabelChanged()) pass = true;
+    if (reporter_ && !WatchedLabels() && now >= next_label_check_ && WorkloadLabelChanged()) pass = true;
     for (const auto& [bdf, backoff] : backoff_) pass = pass || now >= backoff.next;
     if (!pass) continue;
     if (absl::Status status = Pass(); !status.ok()) spdlog::error("reconcile: {}", status.ToString());
@@ -458,6 +499,7 @@ absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
   // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
   pass_labels_ = std::exchange(polled_labels_, std::nullopt);
+  if (std::optional<Labels> watched = WatchedLabels(); watched && !pass_labels_) pass_labels_ = *std::move(watched);
   if (reporter_ && (pass_labels_ || Clock::now() >= next_label_check_)) FollowWorkloadLabel();
   // A passthrough node has no vGPU config: a state label left from vm-vgpu (ours or vgpu-device-manager's) would
   // say that profiles are applied which are gone. Looked at whenever this pass read the labels.
@@ -550,7 +592,28 @@ void Daemon::Impl::ApplyVgpuProfiles() {
     return;
   }
   absl::StatusOr<vgpu::VgpuConfigFile> file = vgpu::LoadVgpuConfig(options_.vgpu_config_file);
-  const vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = &vgpu_catalog_, .new_uuid = {}};
+  vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = &vgpu_catalog_, .new_uuid = {}, .claimed = {}};
+  if (options_.dra) {
+    // A prepared claim's vGPU is the VM's from Prepare on, though virt-launcher opens its group only once its image
+    // is pulled: the checkpoint says which (vgpu is below dra, so the daemon hands them over).
+    absl::StatusOr<dra::CheckpointRead> checkpoint = dra::ReadCheckpoint(*options_.dra);
+    if (!checkpoint.ok()) {
+      // Without it no vGPU can be known free of a claim: nothing is changed this pass.
+      vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+      PublishVgpuConfig("pending", kube::EventType::kWarning, "VgpuConfigPending",
+                        absl::StrCat("vGPU config '", name, "': the DRA checkpoint cannot be read (",
+                                     checkpoint.status().message(), "); no vGPU is changed until it can"),
+                        false);
+      return;
+    }
+    for (const dra::CheckpointedClaim& claim : checkpoint->claims) {
+      for (const std::string& uuid : claim.mdev_uuids) apply.claimed[uuid] = "DRA claim " + claim.ref;
+      for (const std::string& vf : claim.vgpu_vfs) apply.claimed[vf] = "DRA claim " + claim.ref;
+    }
+    for (const std::string& unreadable : checkpoint->unreadable) {
+      spdlog::warn("vGPU config: DRA checkpoint file {} unreadable: its claim's vGPUs are not known held", unreadable);
+    }
+  }
   const absl::StatusOr<vgpu::ApplyReport> report =
       file.ok() ? vgpu::ApplyVgpuConfig(apply, *file, name) : absl::StatusOr<vgpu::ApplyReport>(file.status());
   const std::string what = absl::StrCat("vGPU config '", name, "'");
@@ -567,13 +630,16 @@ void Daemon::Impl::ApplyVgpuProfiles() {
   for (const vgpu::GpuApplyResult& gpu : report->gpus) {
     created += static_cast<int>(gpu.created.size());
     removed += static_cast<int>(gpu.removed.size());
-    if (gpu.outcome == vgpu::GpuOutcome::kFailed) failed.emplace_back(gpu.error.message());
+    if (gpu.outcome == vgpu::GpuOutcome::kFailed || gpu.outcome == vgpu::GpuOutcome::kDoesNotFit) {
+      failed.emplace_back(gpu.error.message());
+    }
     if (gpu.outcome == vgpu::GpuOutcome::kPendingHeld) {
       pending.push_back(absl::StrCat("GPU ", gpu.bdf, " waits for a VM to free ", absl::StrJoin(gpu.held, "; ")));
     }
   }
   const std::string state = report->State();
-  if (state != "success") vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+  // A config that does not fit is not tried again on a timer: the next pass the config or the cards cause is.
+  if (report->RetryLater()) vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
   if (state == "failed") {
     PublishVgpuConfig(state, kube::EventType::kWarning, "VgpuConfigFailed",
                       absl::StrCat(what, ": ", absl::StrJoin(failed, "; ")), report->changed());
@@ -611,7 +677,13 @@ void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType t
 
 const absl::StatusOr<Labels>& Daemon::Impl::PassLabels() {
   if (!pass_labels_) pass_labels_ = reporter_->NodeLabels(kLabelsTimeout);
+  if (pass_labels_->ok()) acted_labels_ = RelevantLabels(**pass_labels_);
   return *pass_labels_;
+}
+
+std::optional<Labels> Daemon::Impl::WatchedLabels() {
+  std::lock_guard lock(watch_mu_);
+  return watched_labels_;
 }
 
 bool Daemon::Impl::WorkloadLabelChanged() {

@@ -767,8 +767,16 @@ absl::StatusOr<CheckpointRead> ReadCheckpoint(const DriverOptions& options) {
     std::set<std::string> bdfs = internal::BdfsOf(*claim);
     for (const auto& [bdf, driver] : claim->drivers_before_bind) bdfs.insert(bdf);
     bdfs.erase("");  // an mdev vGPU has none
+    std::set<std::string> mdevs, vfs;
+    for (const internal::PreparedDevice& device : claim->devices) {
+      if (!device.mdev_uuid.empty()) mdevs.insert(device.mdev_uuid);
+      // A vm-vgpu claim's device named by its VF (VfDeviceName) is an SR-IOV vGPU; a GPU's device name is not.
+      if (!device.bdf.empty() && VgpuOfDevice(device.device).ok()) vfs.insert(device.bdf);
+    }
     read.claims.push_back({.ref = absl::StrCat(claim->namespace_name, "/", claim->name, " (", claim->uid, ")"),
-                           .bdfs = {bdfs.begin(), bdfs.end()}});
+                           .bdfs = {bdfs.begin(), bdfs.end()},
+                           .mdev_uuids = {mdevs.begin(), mdevs.end()},
+                           .vgpu_vfs = {vfs.begin(), vfs.end()}});
   }
   return read;
 }

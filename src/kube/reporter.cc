@@ -135,9 +135,22 @@ class NodeReporterImpl final : public NodeReporter {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
     }
-    abort_ = true;  // an in-flight request gives up at its next progress callback
+    abort_ = true;           // an in-flight request gives up at its next progress callback
+    watch_cancel_.Cancel();  // the watch at once: it sleeps in poll(2), with no progress callback to wait for
     cv_.notify_all();
     worker_.join();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  bool WatchLabels(std::function<void(const std::map<std::string, std::string>&)> on_labels) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (watcher_.joinable() || stopping_) return false;
+    on_labels_ = std::move(on_labels);
+    watcher_ = std::thread([this] {
+      NameThisThread("va-kube-watch");
+      WatchLoop();
+    });
+    return true;
   }
 
   void SetCondition(const NodeCondition& condition) override {
@@ -188,14 +201,7 @@ class NodeReporterImpl final : public NodeReporter {
   absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) override {
     Outcome outcome = Request("GET", NodePath(), "", "", timeout);
     if (!outcome.ok()) return ToStatus(outcome);
-    std::map<std::string, std::string> labels;
-    const Json& metadata = outcome.body["metadata"];
-    if (metadata.is_object() && metadata.contains("labels") && metadata["labels"].is_object()) {
-      for (const auto& [name, value] : metadata["labels"].items()) {
-        if (value.is_string()) labels[name] = value.get<std::string>();
-      }
-    }
-    return labels;
+    return LabelsOf(outcome.body);
   }
 
   ReporterStats Stats() const override {
@@ -283,6 +289,130 @@ class NodeReporterImpl final : public NodeReporter {
     stats_.requests = client_->requests();
     if (!outcome.ok()) ++stats_.failures;
     return outcome;
+  }
+
+  static std::map<std::string, std::string> LabelsOf(const Json& node) {
+    std::map<std::string, std::string> labels;
+    if (!node.is_object() || !node.contains("metadata")) return labels;
+    const Json& metadata = node["metadata"];
+    if (metadata.is_object() && metadata.contains("labels") && metadata["labels"].is_object()) {
+      for (const auto& [name, value] : metadata["labels"].items()) {
+        if (value.is_string()) labels[name] = value.get<std::string>();
+      }
+    }
+    return labels;
+  }
+
+  static std::string ResourceVersionOf(const Json& object) {
+    if (!object.is_object() || !object.contains("metadata") || !object["metadata"].is_object()) return "";
+    const Json& metadata = object["metadata"];
+    return metadata.contains("resourceVersion") && metadata["resourceVersion"].is_string()
+               ? metadata["resourceVersion"].get<std::string>()
+               : "";
+  }
+
+  // --- label watch (its own thread; mutex_ only for stopping_ and the stats) ---
+
+  void DeliverLabels(const std::map<std::string, std::string>& labels) {
+    if (delivered_labels_ && *delivered_labels_ == labels) return;
+    delivered_labels_ = labels;
+    on_labels_(labels);
+  }
+
+  // The stream of one watch request: OK when the server ended it after events or its timeout, or a failure to back
+  // off from. `resource_version` follows the events; cleared after 410 Gone (the caller lists again).
+  absl::Status WatchOnce(const std::string& selector, std::string& resource_version) {
+    bool gone = false;
+    std::string error;
+    int events = 0;
+    const auto on_line = [&](absl::string_view line) {
+      const Json event = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!event.is_object() || !event.contains("object")) return true;
+      ++events;
+      const std::string type = event.value("type", "");
+      const Json& object = event["object"];
+      if (type == "ERROR") {
+        if (object.is_object() && object.value("code", 0) == 410) {
+          gone = true;
+        } else {
+          error = object.is_object() ? object.value("message", std::string("watch error")) : "watch error";
+        }
+        return true;
+      }
+      if (std::string rv = ResourceVersionOf(object); !rv.empty()) resource_version = rv;
+      if (type == "ADDED" || type == "MODIFIED") DeliverLabels(LabelsOf(object));
+      if (type == "DELETED") DeliverLabels({});
+      return true;
+    };
+    const std::string path = absl::StrCat("/api/v1/nodes?", selector, "&watch=1&allowWatchBookmarks=true&resourceVersion=",
+                                          resource_version, "&timeoutSeconds=", kWatchSeconds);
+    const auto started = std::chrono::steady_clock::now();
+    absl::StatusOr<ApiResponse> response =
+        client_->Stream(path, on_line, std::chrono::seconds(kWatchSeconds + 30), watch_cancel_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.requests = client_->requests();
+      if (!response.ok() || response->code < 200 || response->code >= 300) ++stats_.failures;
+    }
+    if (!response.ok()) return response.status();
+    if (response->code == 410 || gone) {
+      spdlog::info("node {}: label watch: resourceVersion {} expired (410 Gone); listing again", options_.node_name,
+                   resource_version);
+      resource_version.clear();
+      return absl::OkStatus();
+    }
+    if (response->code < 200 || response->code >= 300) {
+      return absl::UnavailableError(absl::StrCat("GET ", client_->Url(path), ": ", response->code, " ",
+                                                 ServerMessage(*response)));
+    }
+    if (!error.empty()) return absl::UnavailableError(absl::StrCat("watch of node ", options_.node_name, ": ", error));
+    // A server that ends every watch at once would otherwise be asked again in a tight loop.
+    if (events == 0 && std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) {
+      return absl::UnavailableError(absl::StrCat("GET ", client_->Url(path), ": the watch ended at once"));
+    }
+    return absl::OkStatus();
+  }
+
+  void WatchLoop() {
+    const std::string selector = absl::StrCat("fieldSelector=metadata.name%3D", options_.node_name);
+    std::string resource_version;  // empty: list first
+    std::chrono::milliseconds backoff = kWatchBackoffInitial;
+    bool failure_logged = false;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) return;
+      }
+      absl::Status status = absl::OkStatus();
+      if (resource_version.empty()) {
+        Outcome outcome = Request("GET", absl::StrCat("/api/v1/nodes?", selector), "", "", kWatchListTimeout);
+        if (!outcome.ok()) {
+          status = ToStatus(outcome);
+        } else {
+          resource_version = ResourceVersionOf(outcome.body);
+          const Json& items = outcome.body["items"];
+          DeliverLabels(items.is_array() && !items.empty() ? LabelsOf(items[0]) : std::map<std::string, std::string>{});
+          if (resource_version.empty()) status = absl::UnavailableError("node list without a resourceVersion");
+        }
+      } else {
+        status = WatchOnce(selector, resource_version);
+      }
+      if (status.ok()) {
+        if (failure_logged) spdlog::info("node {}: label watch: connected again", options_.node_name);
+        backoff = kWatchBackoffInitial;
+        failure_logged = false;
+        continue;
+      }
+      if (status.code() == absl::StatusCode::kCancelled) return;  // the destructor aborted it
+      if (!failure_logged) {
+        spdlog::warn("node {}: label watch: {}; retrying with backoff (up to {} s)", options_.node_name,
+                     std::string(status.message()), kWatchBackoffMax.count() / 1000);
+        failure_logged = true;
+      }
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (cv_.wait_for(lock, backoff, [&] { return stopping_; })) return;
+      backoff = std::min(backoff * 2, kWatchBackoffMax);
+    }
   }
 
   // --- worker (mutex_ held except around requests) ---
@@ -649,6 +779,7 @@ class NodeReporterImpl final : public NodeReporter {
   std::condition_variable flushed_cv_;  // a condition patch ended (accepted or refused)
   bool stopping_ = false;
   std::atomic<bool> abort_{false};
+  StreamCanceller watch_cancel_;  // the label watch's stream
   ReporterStats stats_;
 
   std::optional<NodeCondition> wanted_;
@@ -677,7 +808,16 @@ class NodeReporterImpl final : public NodeReporter {
   std::chrono::milliseconds backoff_;
   std::set<Failure> logged_failures_;
 
+  // The label watch: owned by watcher_ (on_labels_ set before it starts, never changed after).
+  static constexpr int kWatchSeconds = 300;  // the server ends each watch then; it is opened again at once
+  static constexpr std::chrono::milliseconds kWatchListTimeout{10000};
+  static constexpr std::chrono::milliseconds kWatchBackoffInitial{1000};
+  static constexpr std::chrono::milliseconds kWatchBackoffMax{30000};
+  std::function<void(const std::map<std::string, std::string>&)> on_labels_;
+  std::optional<std::map<std::string, std::string>> delivered_labels_;
+
   std::thread worker_;  // started in the constructor's body, once every member is initialised
+  std::thread watcher_;  // started by WatchLabels
 };
 
 }  // namespace

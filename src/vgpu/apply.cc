@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -88,7 +89,7 @@ class GpuApplier {
     return existing;
   }
 
-  // After Existing(): which vGPUs a running VM holds, from one walk of <proc> for the whole pass.
+  // After Existing(): which vGPUs a running VM or a prepared claim holds, from one walk of <proc> for the whole pass.
   void MarkHeld(const std::map<int, std::vector<binding::Holder>>& holders, std::vector<ExistingVgpu>& existing) {
     holders_ = &holders;
     for (ExistingVgpu& vgpu : existing) vgpu.held = !HolderText(vgpu.id).empty();
@@ -102,20 +103,23 @@ class GpuApplier {
       auto vgpu = std::find_if(existing.begin(), existing.end(), [&](const ExistingVgpu& e) { return e.id == id; });
       result.held.push_back(absl::StrCat(id, " (", vgpu->type, "): ", HolderText(id)));
     }
+    // Before the first write: a change the card cannot hold is refused whole, the GPU left as it is.
+    if (absl::Status fits = framework_ == Framework::kMdev ? MdevFits(change, existing) : SriovFits(change, existing);
+        !fits.ok()) {
+      result.outcome = absl::IsResourceExhausted(fits) ? GpuOutcome::kDoesNotFit : GpuOutcome::kFailed;
+      result.error = GpuError(gpu_, fits);
+      spdlog::warn("vGPU config: {}; nothing written", std::string(result.error.message()));
+      return result;
+    }
     for (const std::string& id : change.remove) {
-      const stdfs::path path = framework_ == Framework::kMdev
-                                   ? options_.paths.sysfs_root / "bus/mdev/devices" / id / "remove"
-                                   : options_.paths.PciDevice(id) / "nvidia/current_vgpu_type";
-      if (absl::Status status = fs::WriteAttribute(path, framework_ == Framework::kMdev ? "1" : "0"); !status.ok()) {
-        return Fail(std::move(result), absl::Status(status.code(), absl::StrCat("remove vGPU ", id, ": ", status.message())));
-      }
+      if (absl::Status status = RemoveVgpu(id); !status.ok()) return Undo(std::move(result), status);
       spdlog::info("vGPU config: GPU {}: removed vGPU {}", gpu_, id);
       result.removed.push_back(id);
     }
     for (const auto& [type, count] : change.create) {
       absl::Status status = framework_ == Framework::kMdev ? CreateMdevs(type, count, existing, result)
                                                             : CreateSriov(type, count, existing, result);
-      if (!status.ok()) return Fail(std::move(result), status);
+      if (!status.ok()) return Undo(std::move(result), status);
     }
     if (!change.deferred.empty()) result.outcome = GpuOutcome::kPendingHeld;
     return result;
@@ -150,13 +154,212 @@ class GpuApplier {
   }
 
   std::string HolderText(const std::string& id) const {
-    auto group = groups_.find(id);
-    if (holders_ == nullptr || group == groups_.end() || !group->second) return "";
-    auto held = holders_->find(*group->second);
-    if (held == holders_->end()) return "";
     std::vector<std::string> texts;
-    for (const binding::Holder& holder : held->second) texts.push_back(holder.ToString());
+    // A prepared claim holds its vGPU from Prepare on; its VM opens the group only once virt-launcher runs.
+    if (auto claim = options_.claimed.find(id); claim != options_.claimed.end()) texts.push_back(claim->second);
+    auto group = groups_.find(id);
+    if (holders_ != nullptr && group != groups_.end() && group->second) {
+      if (auto held = holders_->find(*group->second); held != holders_->end()) {
+        for (const binding::Holder& holder : held->second) texts.push_back(holder.ToString());
+      }
+    }
     return absl::StrJoin(texts, ", ");
+  }
+
+  absl::Status RemoveVgpu(const std::string& id) const {
+    const stdfs::path path = framework_ == Framework::kMdev
+                                 ? options_.paths.sysfs_root / "bus/mdev/devices" / id / "remove"
+                                 : options_.paths.PciDevice(id) / "nvidia/current_vgpu_type";
+    if (absl::Status status = fs::WriteAttribute(path, framework_ == Framework::kMdev ? "1" : "0"); !status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("remove vGPU ", id, ": ", status.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  // A vGPU this pass removed, made again as it was: the mdev under its UUID on its parent with its type id, the VF
+  // with its type id.
+  absl::Status RestoreVgpu(const std::string& id) const {
+    for (const Mdev& mdev : host_.discovery.mdevs) {
+      if (mdev.uuid != id) continue;
+      const stdfs::path path = options_.paths.sysfs_root / "class/mdev_bus" / mdev.parent_bdf / "mdev_supported_types" /
+                               mdev.type_id / "create";
+      return fs::WriteAttribute(path, mdev.uuid);
+    }
+    for (const SriovVgpu& vgpu : host_.discovery.vgpus) {
+      if (vgpu.bdf != id) continue;
+      return fs::WriteAttribute(options_.paths.PciDevice(id) / "nvidia/current_vgpu_type", std::to_string(vgpu.type_id));
+    }
+    return absl::NotFoundError(absl::StrCat("vGPU ", id, " is not in this pass's discovery"));
+  }
+
+  // A write failed mid-way: the GPU goes back to what the pass found (created ones removed, removed ones made
+  // again, in that order so the room is there), and the result says whether that worked.
+  GpuApplyResult Undo(GpuApplyResult result, const absl::Status& cause) const {
+    if (result.created.empty() && result.removed.empty()) return Fail(std::move(result), cause);
+    std::vector<std::string> failures;
+    for (auto it = result.created.rbegin(); it != result.created.rend(); ++it) {
+      if (absl::Status status = RemoveVgpu(*it); !status.ok()) failures.emplace_back(status.message());
+    }
+    for (const std::string& id : result.removed) {
+      if (absl::Status status = RestoreVgpu(id); !status.ok()) {
+        failures.push_back(absl::StrCat("restore vGPU ", id, ": ", status.message()));
+      }
+    }
+    const std::string what = absl::StrCat(result.created.size(), " vGPUs it created removed, ", result.removed.size(),
+                                          " it removed made again");
+    if (!failures.empty()) {
+      spdlog::error("vGPU config: GPU {}: undoing this pass failed: {}", gpu_, absl::StrJoin(failures, "; "));
+      return Fail(std::move(result), absl::Status(cause.code(), absl::StrCat(cause.message(), "; undoing the pass (",
+                                                                             what, ") failed: ",
+                                                                             absl::StrJoin(failures, "; "))));
+    }
+    spdlog::warn("vGPU config: GPU {}: {}; undone: {}", gpu_, std::string(cause.message()), what);
+    result.created.clear();
+    result.removed.clear();
+    result.undone = true;
+    return Fail(std::move(result), absl::Status(cause.code(), absl::StrCat(cause.message(), "; undone: the GPU is as it was (",
+                                                                           what, ")")));
+  }
+
+  // The vGPUs the GPU keeps (not removed by `change`), by short type name.
+  static std::map<std::string, int> Kept(const GpuChange& change, const std::vector<ExistingVgpu>& existing) {
+    std::map<std::string, int> kept;
+    for (const ExistingVgpu& vgpu : existing) {
+      if (std::find(change.remove.begin(), change.remove.end(), vgpu.id) == change.remove.end()) ++kept[vgpu.type];
+    }
+    return kept;
+  }
+
+  static std::string CountsText(const std::map<std::string, int>& counts) {
+    return absl::StrJoin(counts, ", ", [](std::string* out, const auto& entry) {
+      absl::StrAppend(out, entry.second, "x ", entry.first);
+    });
+  }
+
+  // mdev: every type offered by a parent of the GPU; a VF parent hosts one vGPU (Ampere); an instance of a type
+  // takes 1/max_instance of the card (NVIDIA's description file), so the kept and the new ones must add up to at
+  // most the whole card; with nothing removed, available_instances (the driver's own count, which also says
+  // when a GPU runs one type at a time) bounds each type. ResourceExhausted: it does not fit.
+  absl::Status MdevFits(const GpuChange& change, const std::vector<ExistingVgpu>& existing) const {
+    if (change.create.empty()) return absl::OkStatus();
+    std::map<std::string, const MdevType*> types;  // short name -> the first parent's offer
+    std::vector<const MdevParent*> parents;
+    std::set<std::string> occupied;  // VF parents whose instance stays
+    for (const MdevParent& parent : host_.discovery.parents) {
+      if (!Owns(parent.bdf)) continue;
+      parents.push_back(&parent);
+      for (const MdevType& type : parent.types) types.emplace(ShortTypeName(type.name), &type);
+    }
+    for (const Mdev& mdev : host_.discovery.mdevs) {
+      const bool removed = std::find(change.remove.begin(), change.remove.end(), mdev.uuid) != change.remove.end();
+      if (Owns(mdev.parent_bdf) && mdev.parent_bdf != gpu_ && !removed) occupied.insert(mdev.parent_bdf);
+    }
+    std::vector<std::string> offered;
+    for (const auto& [name, type] : types) offered.push_back(name);
+    for (const auto& [type, count] : change.create) {
+      if (!types.contains(type)) {
+        return absl::NotFoundError(absl::StrCat("create ", count, " ", type, ": no mdev parent of the GPU offers it",
+                                                offered.empty() ? "" : absl::StrCat(" (offered: ", absl::StrJoin(offered, ", "), ")")));
+      }
+    }
+    std::map<std::string, int> wanted = Kept(change, existing);
+    for (const auto& [type, count] : change.create) wanted[type] += count;
+    const std::string card = absl::StrCat("card ", gpu_);
+    const bool vf_parents = std::any_of(parents.begin(), parents.end(), [&](const MdevParent* p) { return p->bdf != gpu_; });
+    if (vf_parents) {
+      int created = 0;
+      for (const auto& [type, count] : change.create) created += count;
+      const int free = static_cast<int>(std::count_if(parents.begin(), parents.end(), [&](const MdevParent* p) {
+        return p->bdf != gpu_ && !occupied.contains(p->bdf);
+      }));
+      if (created > free) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            card, ": the config wants ", CountsText(wanted), "; each VF holds one vGPU and ", free, " of ",
+            parents.size(), " VFs are free for the ", created, " to create: ", free, " possible"));
+      }
+    }
+    // The card's share in units of 1/L, L the lcm of the max_instance of every type wanted.
+    uint64_t lcm = 1;
+    for (const auto& [type, count] : wanted) {
+      auto it = types.find(type);
+      if (it == types.end() || !it->second->max_instances) return absl::OkStatus();  // not known: the kernel decides
+      lcm = std::lcm(lcm, static_cast<uint64_t>(*it->second->max_instances));
+    }
+    auto unit = [&](const std::string& type) { return lcm / static_cast<uint64_t>(*types.at(type)->max_instances); };
+    uint64_t used = 0;
+    for (const auto& [type, count] : wanted) used += static_cast<uint64_t>(count) * unit(type);
+    if (used > lcm) {
+      std::vector<std::string> over;
+      for (const auto& [type, count] : change.create) {
+        const uint64_t others = used - static_cast<uint64_t>(wanted[type]) * unit(type);
+        const uint64_t possible = others >= lcm ? 0 : (lcm - others) / unit(type);
+        over.push_back(absl::StrCat(type, " (", types.at(type)->id, ", max_instance ", *types.at(type)->max_instances,
+                                    "): wanted ", wanted[type], ", possible ", possible,
+                                    wanted.size() > 1 ? " beside the other types wanted" : ""));
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(card, " cannot hold ", CountsText(wanted), ": ",
+                                                       absl::StrJoin(over, "; ")));
+    }
+    if (change.remove.empty()) {
+      for (const auto& [type, count] : change.create) {
+        int available = 0;
+        for (const MdevParent* parent : parents) {
+          if (occupied.contains(parent->bdf)) continue;
+          for (const MdevType& offer : parent->types) {
+            if (ShortTypeName(offer.name) == type) available += offer.available_instances.value_or(0);
+          }
+        }
+        if (count > available) {
+          const std::map<std::string, int> kept = Kept(change, existing);
+          return absl::ResourceExhaustedError(absl::StrCat(
+              card, ": ", type, " (", types.at(type)->id, "): wanted ", wanted[type], ", possible ",
+              wanted[type] - count + available, " (available_instances ", available,
+              kept.empty() ? "" : absl::StrCat(" beside the ", CountsText(kept), " it keeps"), ")"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // SR-IOV: each vGPU is a VF on nvidia without a type, and the type must be in the card's catalog.
+  absl::Status SriovFits(const GpuChange& change, const std::vector<ExistingVgpu>& existing) const {
+    if (change.create.empty()) return absl::OkStatus();
+    auto key = host_.discovery.cards.find(gpu_);
+    if (key == host_.discovery.cards.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("no VF of the GPU is on ", kNvidiaDriver, " (",
+                                                        options_.paths.PciDevice(gpu_).string(), "/virtfn*)"));
+    }
+    std::set<std::string> names;
+    std::vector<std::string> known;
+    for (const auto& [id, name] : options_.catalog->Types(key->second)) {
+      names.insert(ShortTypeName(name));
+      known.push_back(absl::StrCat(id, " ", name));
+    }
+    int created = 0;
+    for (const auto& [type, count] : change.create) {
+      if (!names.contains(type)) {
+        return absl::NotFoundError(absl::StrCat("create ", type, ": not a type of card ", key->second.ToString(),
+                                                " (its catalog: ", known.empty() ? "none seen" : absl::StrJoin(known, ", "),
+                                                ")"));
+      }
+      created += count;
+    }
+    std::set<std::string> taken;
+    for (const ExistingVgpu& vgpu : existing) taken.insert(vgpu.id);
+    for (const std::string& id : change.remove) taken.erase(id);
+    int free = 0;
+    for (const pci::Function& fn : host_.inventory.functions()) {
+      free += fn.physfn == gpu_ && fn.driver == kNvidiaDriver && !taken.contains(fn.bdf);
+    }
+    if (created > free) {
+      std::map<std::string, int> wanted = Kept(change, existing);
+      for (const auto& [type, count] : change.create) wanted[type] += count;
+      return absl::ResourceExhaustedError(absl::StrCat("card ", gpu_, ": the config wants ", CountsText(wanted),
+                                                       "; each vGPU is a VF and ", free, " VFs on ", kNvidiaDriver,
+                                                       " are free for the ", created, " to create: ", free,
+                                                       " possible"));
+    }
+    return absl::OkStatus();
   }
 
   GpuApplyResult Fail(GpuApplyResult result, const absl::Status& cause) const {
@@ -303,21 +506,28 @@ const char* GpuOutcomeName(GpuOutcome outcome) {
     case GpuOutcome::kApplied: return "applied";
     case GpuOutcome::kPendingHeld: return "pending-held";
     case GpuOutcome::kFailed: return "failed";
+    case GpuOutcome::kDoesNotFit: return "does-not-fit";
   }
   return "failed";
 }
 
 bool ApplyReport::changed() const {
   return enabled_vfs || std::any_of(gpus.begin(), gpus.end(), [](const GpuApplyResult& gpu) {
-           return !gpu.created.empty() || !gpu.removed.empty();
+           return !gpu.created.empty() || !gpu.removed.empty() || gpu.undone;
          });
+}
+
+bool ApplyReport::RetryLater() const {
+  return std::any_of(gpus.begin(), gpus.end(), [](const GpuApplyResult& gpu) {
+    return gpu.outcome == GpuOutcome::kFailed || gpu.outcome == GpuOutcome::kPendingHeld;
+  });
 }
 
 std::string ApplyReport::State() const {
   auto any = [&](GpuOutcome outcome) {
     return std::any_of(gpus.begin(), gpus.end(), [&](const GpuApplyResult& gpu) { return gpu.outcome == outcome; });
   };
-  if (any(GpuOutcome::kFailed)) return "failed";
+  if (any(GpuOutcome::kFailed) || any(GpuOutcome::kDoesNotFit)) return "failed";
   if (any(GpuOutcome::kPendingHeld)) return "pending";
   return "success";
 }

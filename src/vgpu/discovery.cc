@@ -6,8 +6,10 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "vfio_gpu_agent/common/fs.h"
 
 namespace vfio_agent::vgpu {
@@ -20,6 +22,19 @@ std::optional<int> ParseInt(std::string_view text) {
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
   return value;
+}
+
+// "num_heads=4, frl_config=60, framebuffer=1024M, max_resolution=5120x2880, max_instance=16" -> 16.
+std::optional<int> MaxInstanceOf(const std::string& description) {
+  for (absl::string_view field : absl::StrSplit(description, ',')) {
+    field = absl::StripAsciiWhitespace(field);
+    constexpr absl::string_view kKey = "max_instance=";
+    if (!absl::StartsWith(field, kKey)) continue;
+    field.remove_prefix(kKey.size());
+    std::optional<int> value = ParseInt(std::string_view(field.data(), field.size()));
+    if (value && *value > 0) return value;
+  }
+  return std::nullopt;
 }
 
 // A directory that is absent is empty (no such framework on this node); one that exists but cannot be listed
@@ -39,7 +54,7 @@ void ReadParents(const stdfs::path& sysfs_root, const std::vector<std::string>& 
       out.errors.push_back({bdf, types_dir, types.status()});
     } else {
       for (const std::string& id : *types) {
-        MdevType type{.id = id, .name = "", .available_instances = std::nullopt};
+        MdevType type{.id = id, .name = "", .available_instances = std::nullopt, .max_instances = std::nullopt};
         absl::StatusOr<std::string> name = fs::ReadTrimmed(types_dir / id / "name", fs::kMaxAttributeBytes);
         if (name.ok()) {
           type.name = *std::move(name);
@@ -51,6 +66,10 @@ void ReadParents(const stdfs::path& sysfs_root, const std::vector<std::string>& 
           type.available_instances = static_cast<int>(*available);
         } else {
           out.errors.push_back({bdf, types_dir / id / "available_instances", available.status()});
+        }
+        if (absl::StatusOr<std::string> description = fs::ReadTrimmed(types_dir / id / "description", fs::kMaxAttributeBytes);
+            description.ok()) {
+          type.max_instances = MaxInstanceOf(*description);
         }
         parent.types.push_back(std::move(type));
       }

@@ -16,6 +16,7 @@
 #include "sim_process.h"
 #include "support/fuse.h"
 #include "support/sysfs_tree.h"
+#include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/devices.h"
@@ -229,6 +230,66 @@ TEST_F(InspectTest, BinaryExitCodesAndJsonRoundTrip) {
   EXPECT_EQ(help_code, 0);
   EXPECT_THAT(help, HasSubstr("--sysfs-root"));
   EXPECT_EQ(RunBinary("inspect --no-such-flag").first, 2);
+}
+
+// A vm-vgpu node binds nothing: `inspect` lists the vGPUs under the names the device plugin and the DRA driver give
+// them, every GPU stays on nvidia, and `bind` says it binds nothing, writes nothing and exits 0.
+TEST_F(InspectTest, VgpuWorkloadListsTheServedVgpusAndBindBindsNothing) {
+  StartNode("vgpu-mdev-t4-a10.json");
+  const std::string uuids[] = {"4b3e2c1a-0000-4000-8000-00000000000a", "4b3e2c1a-0000-4000-8000-00000000000b"};
+  for (const std::string& uuid : uuids) {  // two T4-1Q, as `run --vgpu-config` makes them
+    std::ofstream(options_.paths.sysfs_root / "class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-230/create")
+        << uuid;
+  }
+  options_.workload = Workload::kVmVgpu;
+  const rpt::InspectReport report = Inspect();
+  EXPECT_EQ(report.workload(), "vm-vgpu");
+  ASSERT_EQ(report.vgpus_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(report.vgpus(i).id(), uuids[i]);
+    EXPECT_EQ(report.vgpus(i).framework(), "mdev");
+    EXPECT_EQ(report.vgpus(i).resource_name(), "nvidia.com/GRID_T4-1Q");
+    EXPECT_EQ(report.vgpus(i).dra_device(), "mdev-" + uuids[i]);
+    EXPECT_EQ(report.vgpus(i).gpu(), "0000:3b:00.0");
+  }
+  for (const auto& fn : report.functions()) EXPECT_EQ(fn.action(), rpt::STAYS) << fn.bdf();
+  EXPECT_TRUE(report.ready());
+  const std::string text = FormatInspectText(report);
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("would bind")));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("can be passed through")));
+  EXPECT_THAT(text, HasSubstr("nothing is bound on a vm-vgpu node"));
+
+  auto [inspect_code, inspect_out] = RunBinary("inspect --workload vm-vgpu");
+  EXPECT_EQ(inspect_code, 0) << inspect_out;
+  EXPECT_THAT(inspect_out, HasSubstr("mdev-" + uuids[0]));
+  EXPECT_THAT(inspect_out, ::testing::Not(HasSubstr("would bind")));
+
+  const size_t writes = sim_->Log().size();
+  auto [code, out] = RunBinary("bind --workload vm-vgpu");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("nothing to bind on a vm-vgpu node"));
+  EXPECT_THAT(out, HasSubstr(uuids[1]));
+  EXPECT_THAT(out, HasSubstr("nvidia.com/GRID_T4-1Q"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("nvidia -> vfio-pci")));
+  EXPECT_EQ(sim_->Log().size(), writes);  // nothing written, the GPUs still on nvidia
+}
+
+// SR-IOV vGPUs are listed by their VF, under the DRA driver's vgpu-<address> name (a card with room left, whose
+// catalog the VFs list; a full card's names come from the agent's state dir, --state-dir).
+TEST_F(InspectTest, VgpuWorkloadListsSriovVgpusByTheirVf) {
+  StartNode("vgpu-sriov-l40s-h200.json");
+  const std::filesystem::path pf = options_.paths.sysfs_root / "bus/pci/devices/0000:86:00.0";
+  std::ofstream(pf / "sriov_numvfs") << "2";
+  const std::string vf = std::filesystem::read_symlink(pf / "virtfn0").filename().string();
+  std::ofstream(options_.paths.sysfs_root / "bus/pci/devices" / vf / "nvidia/current_vgpu_type") << "1414";
+  options_.workload = Workload::kVmVgpu;
+  const rpt::InspectReport report = Inspect();
+  ASSERT_EQ(report.vgpus_size(), 1) << FormatInspectText(report);
+  EXPECT_EQ(report.vgpus(0).id(), vf);
+  EXPECT_EQ(report.vgpus(0).framework(), "sriov");
+  EXPECT_EQ(report.vgpus(0).resource_name(), "nvidia.com/NVIDIA_H200X-1-18C");
+  EXPECT_EQ(report.vgpus(0).dra_device(), dra::VfDeviceName(vf));
+  EXPECT_EQ(report.vgpus(0).gpu(), "0000:86:00.0");
 }
 
 TEST_F(InspectTest, BinaryExitsZeroOnAPassableNode) {

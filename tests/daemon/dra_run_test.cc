@@ -355,6 +355,86 @@ TEST(DraRunTest, TheDriverStartsInTheNodeLabelsModeAndKeepsItWhileRunning) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
 
+// A prepared claim's vGPU is the VM's from Prepare on, though virt-launcher opens its group only once its image is
+// pulled: a profile change in between keeps it (the claim is in the driver's checkpoint, the group is not open), and
+// the state label says pending, naming the claim; the other card changes.
+TEST(DraRunTest, AProfileChangeKeepsTheVgpuOfAPreparedClaimWhoseVmHasNotOpenedIt) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Create("vgpu-sriov-l40s-h200.json"));
+  std::vector<std::string> args = VgpuProfileArgs(dra);
+  args.insert(args.end(), {"--workload", "vm-vgpu", "--resync-interval", "200"});
+  ASSERT_NO_FATAL_FAILURE(dra.Run(args));
+  ASSERT_TRUE(WaitUntil([&] { return SixVgpusPublished(dra); })) << dra.run->Log();
+  auto slices = dra.api->Slices();
+  ASSERT_TRUE(slices.ok()) << slices.status();
+  const std::string device = (*slices)[0]["spec"]["devices"][0]["name"].get<std::string>();
+  absl::StatusOr<dra::VgpuId> vgpu = dra::VgpuOfDevice(device);
+  ASSERT_TRUE(vgpu.ok()) << vgpu.status();
+  const std::string vf = vgpu->id;
+
+  nlohmann::json result = {{"request", "vgpu"}, {"driver", kDraDriver}, {"pool", "node-a"}, {"device", device}};
+  const nlohmann::json claim = {
+      {"metadata", {{"namespace", "vms"}, {"name", "vm"}, {"uid", "uid-1"}}},
+      {"spec", {{"devices", {{"requests", nlohmann::json::array()}}}}},
+      {"status", {{"allocation", {{"devices", {{"results", nlohmann::json::array({result})}}}}}}}};
+  ASSERT_TRUE(dra.api->Control("claim " + claim.dump()).ok());
+  ASSERT_TRUE(dra.kubelet->WaitFor(
+      [](const kubeletsim::dra::KubeletDraSim& k) { return k.Count("register") == 1; }, kPatience));
+  auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-1").error(), "");
+
+  // The label changes before the VM starts: one whole-card vGPU per H200.
+  ASSERT_TRUE(dra.api->Control(R"(relabel node-a {"nvidia.com/vgpu.config": "h200-whole"})").ok());
+  auto state = [&] {
+    auto node = dra.api->Node("node-a");
+    return node.ok() ? (*node)["metadata"]["labels"].value("nvidia.com/vgpu.config.state", "") : "";
+  };
+  EXPECT_TRUE(WaitUntil([&] { return state() == "pending"; })) << state() << "\n" << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("VgpuConfigPending", "DRA claim vms/vm (uid-1)").empty(); }))
+      << dra.run->Log();
+  for (const std::string& line : dra.node->SimLog()) EXPECT_NE(line, "vgpu-type " + vf + " 0");
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+}
+
+// The same across an agent restart: the label changes while the agent is down, and the agent that starts finds the
+// claim in the checkpoint before its first apply.
+TEST(DraRunTest, AnAgentStartingAfterARelabelKeepsTheVgpuOfAPreparedClaim) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Create("vgpu-sriov-l40s-h200.json"));
+  std::vector<std::string> args = VgpuProfileArgs(dra);
+  args.insert(args.end(), {"--workload", "vm-vgpu"});
+  ASSERT_NO_FATAL_FAILURE(dra.Run(args));
+  ASSERT_TRUE(WaitUntil([&] { return SixVgpusPublished(dra); })) << dra.run->Log();
+  auto slices = dra.api->Slices();
+  ASSERT_TRUE(slices.ok()) << slices.status();
+  const std::string device = (*slices)[0]["spec"]["devices"][0]["name"].get<std::string>();
+  absl::StatusOr<dra::VgpuId> vgpu = dra::VgpuOfDevice(device);
+  ASSERT_TRUE(vgpu.ok()) << vgpu.status();
+  nlohmann::json result = {{"request", "vgpu"}, {"driver", kDraDriver}, {"pool", "node-a"}, {"device", device}};
+  const nlohmann::json claim = {
+      {"metadata", {{"namespace", "vms"}, {"name", "vm"}, {"uid", "uid-1"}}},
+      {"spec", {{"devices", {{"requests", nlohmann::json::array()}}}}},
+      {"status", {{"allocation", {{"devices", {{"results", nlohmann::json::array({result})}}}}}}}};
+  ASSERT_TRUE(dra.api->Control("claim " + claim.dump()).ok());
+  ASSERT_TRUE(dra.kubelet->WaitFor(
+      [](const kubeletsim::dra::KubeletDraSim& k) { return k.Count("register") == 1; }, kPatience));
+  auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-1").error(), "");
+  int status = dra.run->SignalAndWait(SIGTERM);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+
+  ASSERT_TRUE(dra.api->Control(R"(relabel node-a {"nvidia.com/vgpu.config": "h200-whole"})").ok());
+  ASSERT_NO_FATAL_FAILURE(dra.Run(args));
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("VgpuConfigPending", "DRA claim vms/vm (uid-1)").empty(); }))
+      << dra.run->Log();
+  for (const std::string& line : dra.node->SimLog()) EXPECT_NE(line, "vgpu-type " + vgpu->id + " 0");
+  status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+}
+
 class DraUsageTest : public ::testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(DraUsageTest, IsAUsageError) {

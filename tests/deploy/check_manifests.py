@@ -38,6 +38,8 @@ OVERLAYS = {
 # (`kubectl exec ... validate`; its 403 fix names this rule), nothing else (issue 9).
 RBAC_NEEDED = {
     ("", "nodes", "get"),
+    ("", "nodes", "list"),   # the watch of its own Node's labels: a list, then a watch, by field selector
+    ("", "nodes", "watch"),
     ("", "nodes/status", "patch"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "absl/strings/escaping.h"
@@ -613,6 +615,44 @@ TEST(KubeconfigTlsTest, ClientCertificateAndCaDataOverHttps) {
   auto response = anonymous.Send("GET", "/api/v1/nodes/node-a", "", "", 10s);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->code, 401);
+}
+
+// The label watch: one list, then one watch request held open; a label change reaches the callback, a change of
+// the status (the agent's own condition, a heartbeat) does not; after etcd compacted the history (410 Gone) it
+// lists again and goes on.
+TEST_F(ReporterTest, LabelWatchDeliversLabelChangesOnlyAndListsAgainAfterGone) {
+  std::mutex mutex;
+  std::vector<std::map<std::string, std::string>> seen;
+  auto seen_count = [&] {
+    std::lock_guard lock(mutex);
+    return seen.size();
+  };
+  auto reporter = Start();
+  ASSERT_TRUE(reporter->WatchLabels([&](const std::map<std::string, std::string>& labels) {
+    std::lock_guard lock(mutex);
+    seen.push_back(labels);
+  }));
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return seen_count() == 1; }));  // the list
+  ASSERT_TRUE(api_->Control(R"(relabel node-a {"nvidia.com/vgpu.config": "a"})").ok());
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return seen_count() == 2; }));
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_EQ(seen[1].at("nvidia.com/vgpu.config"), "a");
+  }
+  // The status changes (the condition), the labels do not: nothing delivered. The next label change comes after it
+  // in the stream, so once it arrives the status change would have too.
+  reporter->SetCondition(kReady);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return !Statuses(*api_, "PATCH", kStatus).empty(); }));
+  ASSERT_TRUE(api_->Control(R"(relabel node-a {"nvidia.com/vgpu.config": "b"})").ok());
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return seen_count() == 3; }));
+
+  const size_t lists = Statuses(*api_, "GET", "/api/v1/nodes").size();
+  ASSERT_TRUE(api_->Control("compact").ok());
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return Statuses(*api_, "GET", "/api/v1/nodes").size() >= lists + 2; }));
+  ASSERT_TRUE(api_->Control(R"(relabel node-a {"nvidia.com/vgpu.config": "c"})").ok());
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return seen_count() == 4; }));
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(seen[3].at("nvidia.com/vgpu.config"), "c");
 }
 
 }  // namespace

@@ -101,17 +101,91 @@ TEST_F(ApplySimTest, MdevTuringAndAmpereConvergeAndASecondPassWritesNothing) {
   EXPECT_EQ(sim_->Log().size(), writes);
 }
 
-TEST_F(ApplySimTest, AFullCardFailsWithTheKernelsErrnoAfterFillingIt) {
+TEST_F(ApplySimTest, AConfigThatCannotFitWritesNothingAndNamesTheCardTheTypeAndTheCounts) {
   Start("vgpu-mdev-t4-a10.json");
-  const ApplyReport report = Apply("t4-2q-10");  // a T4 holds 8 T4-2Q
+  ASSERT_EQ(Apply("t4-4q-4").State(), "success");
+  const size_t writes = sim_->Log().size();
+  // 32 T4-1Q on a T4 that holds 16: refused before the four T4-4Q are removed (the kernel would have answered
+  // EUSERS after the 16th, with the card left holding 16 of the wrong ones).
+  const ApplyReport report = Apply("t4-1q-32");
+  const GpuApplyResult& t4 = Gpu(report, "0000:3b:00.0");
+  EXPECT_EQ(t4.outcome, GpuOutcome::kDoesNotFit) << t4.error;
+  EXPECT_EQ(report.State(), "failed");
+  EXPECT_FALSE(report.RetryLater());
+  EXPECT_THAT(t4.error.message(), HasSubstr("card 0000:3b:00.0"));
+  EXPECT_THAT(t4.error.message(), HasSubstr("T4-1Q (nvidia-230, max_instance 16): wanted 32, possible 16"));
+  EXPECT_THAT(t4.created, IsEmpty());
+  EXPECT_THAT(t4.removed, IsEmpty());
+  EXPECT_EQ(sim_->Log().size(), writes);
+  EXPECT_EQ(Count("0000:3b:00.0", "GRID T4-4Q"), 4);
+  EXPECT_EQ(Count("0000:3b:00.0", "GRID T4-1Q"), 0);
+}
+
+TEST_F(ApplySimTest, OnAnEmptyCardAConfigThatCannotFitCreatesNothing) {
+  Start("vgpu-mdev-t4-a10.json");
+  const ApplyReport empty = Apply("t4-2q-10");
+  EXPECT_EQ(Gpu(empty, "0000:3b:00.0").outcome, GpuOutcome::kDoesNotFit);
+  EXPECT_THAT(Gpu(empty, "0000:3b:00.0").error.message(), HasSubstr("wanted 10, possible 8"));
+  EXPECT_EQ(Count("0000:3b:00.0", "GRID T4-2Q"), 0);
+}
+
+// The check cannot know every driver rule (a T4 runs one type at a time): the kernel refuses a create mid-way,
+// and the pass puts the GPU back as it found it, the removed mdevs under their own UUIDs.
+TEST_F(ApplySimTest, ACreateRefusedMidwayIsUndoneAndTheRemovedVgpusComeBack) {
+  Start("vgpu-mdev-t4-a10.json");
+  ASSERT_EQ(Apply("t4-4q-4").State(), "success");
+  std::vector<std::string> before;
+  for (const Mdev& mdev : Discovered().mdevs) before.push_back(mdev.uuid);
+  ASSERT_THAT(before, SizeIs(4));
+
+  const ApplyReport report = Apply("t4-mixed");
   const GpuApplyResult& t4 = Gpu(report, "0000:3b:00.0");
   EXPECT_EQ(t4.outcome, GpuOutcome::kFailed);
-  EXPECT_THAT(t4.created, SizeIs(8));
-  EXPECT_THAT(t4.error.message(), HasSubstr("GPU 0000:3b:00.0: create T4-2Q on 0000:3b:00.0: write"));
-  EXPECT_THAT(t4.error.message(), HasSubstr("mdev_supported_types/nvidia-231/create"));
-  EXPECT_THAT(t4.error.message(), HasSubstr("Too many users"));  // EUSERS, the mdev core's "type exhausted"
-  EXPECT_EQ(report.State(), "failed");
-  EXPECT_EQ(Count("0000:3b:00.0", "GRID T4-2Q"), 8);
+  EXPECT_TRUE(t4.undone);
+  EXPECT_TRUE(report.RetryLater());
+  EXPECT_THAT(t4.error.message(), HasSubstr("Too many users"));  // EUSERS: the T4 runs T4-1Q now
+  EXPECT_THAT(t4.error.message(), HasSubstr("undone: the GPU is as it was (2 vGPUs it created removed, 4 it removed made again)"));
+  std::vector<std::string> after;
+  for (const Mdev& mdev : Discovered().mdevs) {
+    after.push_back(mdev.uuid);
+    EXPECT_EQ(mdev.type_name, "GRID T4-4Q");
+  }
+  EXPECT_EQ(after, before);
+}
+
+TEST_F(ApplySimTest, SriovACreateRefusedMidwayIsUndone) {
+  Start("vgpu-sriov-l40s-h200.json");
+  ASSERT_EQ(Apply("h200-whole").State(), "success");
+  // Nine VFs are free, but a card holds seven H200X-1-18C: the eighth is not creatable (EINVAL).
+  const ApplyReport report = Apply("h200-small-9");
+  for (const char* gpu : {"0000:86:00.0", "0000:af:00.0"}) {
+    EXPECT_EQ(Gpu(report, gpu).outcome, GpuOutcome::kFailed) << gpu;
+    EXPECT_TRUE(Gpu(report, gpu).undone) << gpu << ": " << Gpu(report, gpu).error;
+    EXPECT_EQ(Count(gpu, "NVIDIA H200X-141C"), 1) << gpu;
+    EXPECT_EQ(Count(gpu, "NVIDIA H200X-1-18C"), 0) << gpu;
+  }
+}
+
+// A prepared DRA claim holds its vGPU before its VM opens the group (virt-launcher still pulling its image): the
+// caller names it, and it is kept like one a VM holds.
+TEST_F(ApplySimTest, AVgpuOfAPreparedClaimIsKeptThoughNoVmOpenedIt) {
+  Start("vgpu-mdev-t4-a10.json");
+  ASSERT_EQ(Apply("t4-1q-2").State(), "success");
+  const Discovery before = Discovered();
+  ASSERT_THAT(before.mdevs, SizeIs(2));
+  const std::string claimed = before.mdevs[0].uuid;
+  ApplyOptions options{.paths = {}, .catalog = catalog_.get(), .new_uuid = {},
+                       .claimed = {{claimed, "DRA claim vms/vm (uid-1)"}}};
+  options.paths.sysfs_root = sim_->sysfs_root();
+  options.paths.dev_root = sim_->dev_root();
+  absl::StatusOr<ApplyReport> report = ApplyVgpuConfig(options, file_, "t4-2q-2");
+  ASSERT_TRUE(report.ok()) << report.status();
+  const GpuApplyResult& t4 = Gpu(*report, "0000:3b:00.0");
+  EXPECT_EQ(t4.outcome, GpuOutcome::kPendingHeld) << t4.error;
+  ASSERT_THAT(t4.held, SizeIs(1));
+  EXPECT_THAT(t4.held[0], HasSubstr(claimed + " (T4-1Q): DRA claim vms/vm (uid-1)"));
+  for (const std::string& line : sim_->Log()) EXPECT_THAT(line, ::testing::Not(HasSubstr("mdev-remove " + claimed)));
+  EXPECT_EQ(Count("0000:3b:00.0", "GRID T4-1Q"), 1);
 }
 
 TEST_F(ApplySimTest, AHeldMdevIsNeverRemovedAndTheChangeCompletesOnceItIsFreed) {

@@ -15,6 +15,15 @@ vgpu-configs:
   t4-2q-10:
     - devices: [0]
       vgpu-devices: {T4-2Q: 10}
+  t4-4q-4:
+    - devices: [0]
+      vgpu-devices: {T4-4Q: 4}
+  t4-1q-32:
+    - devices: [0]
+      vgpu-devices: {T4-1Q: 32}
+  t4-mixed:
+    - devices: [0]
+      vgpu-devices: {T4-1Q: 2, T4-2Q: 2}
   both-cards:
     - devices: [0]
       vgpu-devices: {T4-2Q: 8}
@@ -28,6 +37,10 @@ vgpu-configs:
     - devices: all
       device-filter: 0x233510DE
       vgpu-devices: {H200X-1-18C: 7}
+  h200-small-9:
+    - devices: all
+      device-filter: 0x233510DE
+      vgpu-devices: {H200X-1-18C: 9}
   h200-whole:
     - devices: all
       device-filter: 0x233510DE

@@ -66,7 +66,9 @@ struct DaemonOptions {
   std::string vgpu_config;
   // While a change waits for a VM to free its vGPU, or failed, how soon it is tried again.
   std::chrono::milliseconds vgpu_retry{5000};
-  // With an API: how often kWorkloadLabel is read (a change starts a pass). The one request a node at rest sends.
+  // With an API, until the reporter's watch of the Node has listed it (or when it cannot watch): how often the labels
+  // are read (a change of kWorkloadLabel starts a pass). Once the watch runs, a relabel starts a pass at once and
+  // nothing is polled.
   std::chrono::milliseconds workload_label_interval{30000};
   // While a GPU waits for a VM to free it before moving to the current mode's driver, how soon it is looked at again.
   std::chrono::milliseconds mode_retry{5000};

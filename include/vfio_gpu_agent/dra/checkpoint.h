@@ -1,5 +1,6 @@
 // The driver's checkpoint as another process reads it: `validate` on a --bind-on-prepare node wants on vfio-pci
-// only the functions a prepared claim holds, the others stay on their host drivers until a Prepare binds them.
+// only the functions a prepared claim holds, the others stay on their host drivers until a Prepare binds them; on a
+// vm-vgpu node the profile applier keeps every vGPU a prepared claim holds, even before its VM opens it.
 // One file per prepared claim, <plugins_dir>/<driver>/claims/<uid>.json, written by the driver (claims.h).
 #pragma once
 
@@ -15,6 +16,8 @@ namespace vfio_agent::dra {
 struct CheckpointedClaim {
   std::string ref;                // "namespace/name (uid)"
   std::vector<std::string> bdfs;  // its GPUs (or SR-IOV vGPU VFs) and every function its Prepare bound, sorted
+  std::vector<std::string> mdev_uuids;  // its mdev vGPUs, sorted
+  std::vector<std::string> vgpu_vfs;    // its SR-IOV vGPUs (VF BDFs; also in bdfs), sorted
 };
 
 struct CheckpointRead {

@@ -72,6 +72,16 @@ class NodeReporter {
   virtual void OnStats(std::function<void(const ReporterStats&)> listener) = 0;
   // Blocking reads with a deadline.
   virtual absl::StatusOr<std::map<std::string, std::string>> NodeLabels(std::chrono::milliseconds timeout) = 0;
+  // Watches the node's labels from now on, on a thread of the reporter's own (va-kube-watch): one list, then one
+  // watch request (fieldSelector metadata.name=<node>) held open and reopened from the last resourceVersion when
+  // the server ends it, a new list after 410 Gone, retries with backoff (1 s doubling to 30 s) while the API fails.
+  // `on_labels` runs on that thread with the labels after the first list and whenever they change (other changes
+  // of the node, its status, the kubelet's heartbeats, call nothing). At most once; false when this reporter cannot
+  // watch (the default), and the caller polls NodeLabels instead.
+  virtual bool WatchLabels(std::function<void(const std::map<std::string, std::string>&)> on_labels) {
+    (void)on_labels;
+    return false;
+  }
   virtual ReporterStats Stats() const = 0;
 };
 

@@ -33,6 +33,9 @@ struct MdevType {
   std::string id;    // "nvidia-222"
   std::string name;  // "GRID T4-1Q"
   std::optional<int> available_instances;  // nullopt when unreadable (recorded as an error)
+  // How many of this type the whole card holds: NVIDIA's `description` says "..., max_instance=16"; nullopt when
+  // the file is missing or says nothing of it (not an error: only the profile applier's fit check uses it).
+  std::optional<int> max_instances;
 };
 
 struct MdevParent {

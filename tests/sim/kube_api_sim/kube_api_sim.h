@@ -8,7 +8,7 @@
 //   EXPECT_TRUE((*api)->WaitFor([&] { return (*api)->Count("PATCH", "/api/v1/nodes/node-a/status", "200") == 1; }));
 //
 // Commands (see kube_api_sim.py): token T | node NAME [LABELS_JSON] | relabel NAME LABELS_JSON | delete-node NAME |
-// touch-node NAME |
+// touch-node NAME | compact (every node watch ends with 410 Gone) |
 // get-node NAME | events | fail METHOD PREFIX CODE COUNT [RETRY_AFTER] | deny-policy METHOD PREFIX CODE COUNT |
 // cut METHOD PREFIX COUNT |
 // hang METHOD PREFIX COUNT | release | clear-faults | kubevirts JSON_ITEMS | no-kubevirt (the default: 404) |

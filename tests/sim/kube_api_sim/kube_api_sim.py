@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """A fake kube-apiserver for the calls vfio-gpu-agent makes, strict where the real one is strict.
 
-Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
+Serves GET/PATCH nodes/<node>(/status) (the node itself: metadata.labels only), the list of nodes with the
+metadata.name field selector and its watch (?watch=1: chunked JSON lines, ADDED/MODIFIED/DELETED of the node as it
+changes, changes between two looks folded into one event as a watch cache may; timeoutSeconds ends it; a
+resourceVersion older than the last `compact` is an ERROR event with a 410 Status, as kube-apiserver answers after
+etcd compaction), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, watch with the same selectors (chunked JSON lines, 410 Gone for a
@@ -44,7 +48,9 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   delete-slices NODE              what a kubelet does at its start: every ResourceSlice of NODE is deleted
   patch-slice NAME JSON_PATCH     another writer changes a slice (RFC 7386 merge patch; resourceVersion moves on)
   feature-gates GATE=BOOL[,...]   as --feature-gates, from now on (an apiserver restarted with other gates)
-  compact                         etcd compaction: a watch from any resourceVersion before now gets 410 Gone
+  compact                         etcd compaction: a watch from any resourceVersion before now gets 410 Gone, and
+                                  every open watch of nodes ends with an ERROR event of code 410 (the client lists
+                                  again)
   close-watches                   every open watch ends (an apiserver restart, a load balancer's idle cut)
   bookmark-interval SECONDS       how often an idle watch with allowWatchBookmarks gets a BOOKMARK (default 60)
 METHOD may be * and PREFIX matches the start of the path. Stdin closing stops the server.
@@ -165,6 +171,8 @@ class State:
         self.released = threading.Event()
         self.rv = 100
         self.log = open(log_path, "a", buffering=1) if log_path else None
+        self.compacted_rv = 0  # watches of nodes: from an older resourceVersion, 410
+        self.watch_epoch = 0  # `compact` ends the node watches of earlier epochs
 
     def next_rv(self):
         self.rv += 1
@@ -414,6 +422,14 @@ def field_selector(path):
     return terms
 
 
+class NodeWatch:
+    """A watch request on nodes: the node (metadata.name field selector), from which resourceVersion, how long."""
+    def __init__(self, name, query):
+        self.name = name
+        self.rv = int(query.get("resourceVersion", ["0"])[0] or 0)
+        self.timeout = int(query.get("timeoutSeconds", ["1800"])[0])
+
+
 class WatchStream:
     """What a watch request asked for: its selector, resourceVersion, timeoutSeconds and allowWatchBookmarks."""
     def __init__(self, selected, query):
@@ -476,6 +492,7 @@ def make_handler(state):
                 if fault is None and isinstance(body, WatchStream):
                     entry["watch"] = True
                 state.write_log(entry)
+                state.changed.notify_all()  # a node watch sees the change this request made
             if fault is not None and fault["kind"] == "cut":
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\"")
                 self.wfile.flush()
@@ -488,6 +505,9 @@ def make_handler(state):
             if fault is None and isinstance(body, WatchStream):
                 self.stream_watch(body)
                 return
+            if fault is None and isinstance(body, NodeWatch):
+                self.stream_node_watch(body)
+                return
             payload = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -496,6 +516,59 @@ def make_handler(state):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(payload)
+
+        def stream_node_watch(self, watch):
+            """The events of one node from watch.rv on, one JSON line per chunk, until timeoutSeconds, `compact` or
+            the client going away."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            deadline = time.monotonic() + watch.timeout
+
+            def send(event):
+                data = (json.dumps(event) + "\n").encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            try:
+                with state.lock:
+                    epoch = state.watch_epoch
+                    seen = state.nodes.get(watch.name)
+                    known = seen is not None and int(seen["metadata"]["resourceVersion"]) <= watch.rv
+                    sent_rv = watch.rv
+                    too_old = watch.rv < state.compacted_rv
+                while True:
+                    events, done = [], too_old
+                    with state.lock:
+                        if too_old or state.watch_epoch != epoch:
+                            events.append({"type": "ERROR", "object": {
+                                "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                                "code": 410, "message": f"too old resource version: {watch.rv} ({state.compacted_rv})"}})
+                            done = True
+                        else:
+                            node = state.nodes.get(watch.name)
+                            if node is not None and int(node["metadata"]["resourceVersion"]) > sent_rv:
+                                events.append({"type": "MODIFIED" if known else "ADDED", "object": copy.deepcopy(node)})
+                                sent_rv, known = int(node["metadata"]["resourceVersion"]), True
+                            elif node is None and known:
+                                events.append({"type": "DELETED", "object": copy.deepcopy(seen)})
+                                known = False
+                            seen = node if node is not None else seen
+                            remaining = deadline - time.monotonic()
+                            if not events:
+                                if remaining <= 0:
+                                    break
+                                state.changed.wait(min(remaining, 1.0))
+                                continue
+                    for event in events:
+                        send(event)
+                    if done:
+                        break
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.close_connection = True
 
         def cut(self):
             self.close_connection = True
@@ -529,6 +602,14 @@ def make_handler(state):
                 except ValueError as error:
                     raise ApiError(400, "BadRequest", f"invalid JSON: {error}")
             parts = [p for p in path.split("/") if p]
+            if parts == ["api", "v1", "nodes"] and method == "GET":
+                name = field_selector(self.path).get("metadata.name")
+                query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+                if query.get("watch", ["false"])[0] in ("1", "true"):
+                    return 200, NodeWatch(name, query)
+                items = [node for node_name, node in sorted(state.nodes.items()) if name in (None, node_name)]
+                return 200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": str(state.rv)},
+                             "items": items}
             if parts[:3] == ["api", "v1", "nodes"] and len(parts) in (4, 5):
                 return self.node(method, parts[3], len(parts) == 5 and parts[4] == "status", content_type, body)
             if parts[:3] == ["apis", "events.k8s.io", "v1"] and len(parts) in (6, 7) and parts[3] == "namespaces" \
@@ -918,6 +999,8 @@ def control(state, line):
             # watched from; any earlier one is 410 Gone.
             state.oldest_rv = int(state.next_rv())
             state.slice_events.clear()
+            state.compacted_rv = state.rv
+            state.watch_epoch += 1
         elif command == "close-watches":
             state.watch_generation += 1
             state.changed.notify_all()
@@ -928,6 +1011,7 @@ def control(state, line):
             (state.denied.add if command == "deny" else state.denied.discard)((args[0], args[1]))
         else:
             return f"ERR unknown or malformed command: {line}"
+        state.changed.notify_all()
     return "OK"
 
 
