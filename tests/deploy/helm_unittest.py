@@ -249,6 +249,8 @@ def render(helm, chart, chart_name, templates, release, values):
             out.ok = False
             message = proc.stderr.strip()
             message = message[len("Error: "):] if message.startswith("Error: ") else message
+            # helm template's own hint after a failed render; the plugin gets the engine's error without it.
+            message = re.sub(r"\s*Use --debug flag to render out invalid YAML$", "", message)
             file_path, raw = parse_render_error(message)
             if not file_path and not raw:
                 out.render_error = message
@@ -263,9 +265,12 @@ def render(helm, chart, chart_name, templates, release, values):
         current = None
         for chunk in re.split(r"^---\s*$", proc.stdout, flags=re.M):
             m = re.search(r"^# Source: ([^\n]+)$", chunk, re.M)
-            if not m:
+            if m:
+                current = m.group(1).split("/", 1)[1]
+            elif current is None:
                 continue
-            current = m.group(1).split("/", 1)[1]
+            # else: a template whose output holds its own `---` (e.g. Files.Get of a file starting with one):
+            # helm prints the Source line once, and the documents after it are still that template's.
             doc = load(chunk)
             if doc:
                 out.docs.setdefault(current, []).append(doc)
