@@ -117,7 +117,7 @@ cat "$work/cdi/${driver}_claim_$claim_uid.json"
 
 for file in "$work/plugins/$driver/dra-device-metadata/vms_vm-gpus"/*/metadata.json; do
   step "KEP-5304 metadata (bind-mounted where virt-launcher reads it): $file"
-  python3 -m json.tool < "$file"
+  python3 -m json.tool --json-lines < "$file"   # one object per version, newest first
 done
 
 step "done: 8 GPUs published, a 2-GPU claim prepared; cleaning up"

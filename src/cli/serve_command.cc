@@ -28,7 +28,8 @@ std::vector<FlagSpec> ServeFlags() {
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
       {"fabric-interval", "MS", "with --fabric-manager: how often FM is read and unheld partitions released", "5000"},
       {"state-dir", "DIR",
-       "kept across restarts: the vGPU type catalogs of SR-IOV cards (vm-vgpu; a full card lists no names)",
+       "kept across restarts: the vGPU type catalogs of SR-IOV cards (vm-vgpu; a full card lists no names), and with "
+       "--fabric-manager FM's partition table, to tell a restarted FM what is active before it answers a read",
        "/var/lib/vfio-gpu-agent"},
   };
   for (FlagSpec& spec : FabricFlags()) specs.push_back(std::move(spec));
@@ -93,8 +94,9 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   if (!fabric.ok()) return fabric.status();
   options.fabric = *std::move(fabric);
   options.workload = cmd.common.workload;
-  options.vgpu_catalog_file =
-      std::filesystem::path(cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent")) / "vgpu-catalog.txt";
+  const std::filesystem::path state_dir = cmd.flags.Get("state-dir", "/var/lib/vfio-gpu-agent");
+  options.vgpu_catalog_file = state_dir / "vgpu-catalog.txt";
+  if (!options.fabric.address.empty()) options.fabric.checkpoint = state_dir / "fabric-partitions.txt";
   if (options.workload == Workload::kVmVgpu && !options.fabric.address.empty()) {
     return absl::InvalidArgumentError(
         "--fabric-manager is the shared-NVSwitch mode of vm-passthrough; --workload vm-vgpu does not use it");

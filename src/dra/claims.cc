@@ -1,5 +1,7 @@
 #include "claims.h"
 
+#include <array>
+
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -26,7 +28,10 @@ using Json = nlohmann::ordered_json;
 constexpr char kMetadataContainerDir[] = "/var/run/kubernetes.io/dra-device-attributes";
 constexpr char kPodClaimNameAnnotation[] = "resource.kubernetes.io/pod-claim-name";
 constexpr char kPciBusIdAttribute[] = "resource.kubernetes.io/pciBusID";
-constexpr char kMetadataApiVersion[] = "metadata.resource.k8s.io/v1alpha1";
+// The versions of the metadata file, newest first, as the Go helper writes them from Kubernetes 1.37 on: a reader
+// takes the first object of a version it knows (KubeVirt 1.9 knows v1alpha1 only).
+constexpr std::array<const char*, 2> kMetadataApiVersions = {"metadata.resource.k8s.io/v1beta1",
+                                                             "metadata.resource.k8s.io/v1alpha1"};
 // Set by the scheduler on the claim it creates for a pod's extended-resource request (DRAExtendedResource).
 // A claim's files serve this boot only: the checkpoint of another boot is discarded with them (Load), and the CDI
 // directory is a tmpfs. So no fsync (ten disk flushes for an 8-GPU claim).
@@ -128,7 +133,7 @@ Json MetadataAttributes(const std::vector<PreparedDevice>& prepared, const std::
   return attributes;
 }
 
-// The KEP-5304 metadata of one request: a JSON stream holding the v1alpha1 object (the one version KubeVirt reads).
+// The KEP-5304 metadata of one request: a JSON stream of the same object once per version, newest first.
 std::string MetadataJson(const kube::ResourceClaim& claim, const std::string& driver,
                          const std::vector<const kube::AllocationResult*>& results,
                          const std::vector<PreparedDevice>& prepared) {
@@ -138,7 +143,7 @@ std::string MetadataJson(const kube::ResourceClaim& claim, const std::string& dr
     requests[result->request].push_back(
         {{"driver", driver}, {"pool", result->pool}, {"name", result->device}, {"attributes", std::move(attributes)}});
   }
-  Json object = {{"apiVersion", kMetadataApiVersion},
+  Json object = {{"apiVersion", ""},
                  {"kind", "DeviceMetadata"},
                  {"metadata", {{"name", claim.name}, {"namespace", claim.namespace_name}, {"uid", claim.uid},
                                {"generation", 1}}}};
@@ -147,7 +152,12 @@ std::string MetadataJson(const kube::ResourceClaim& claim, const std::string& dr
   }
   object["requests"] = Json::array();
   for (auto& [name, devices] : requests) object["requests"].push_back({{"name", name}, {"devices", std::move(devices)}});
-  return object.dump() + "\n";
+  std::string stream;
+  for (const char* version : kMetadataApiVersions) {
+    object["apiVersion"] = version;
+    absl::StrAppend(&stream, object.dump(), "\n");
+  }
+  return stream;
 }
 
 // Where the container reads a request's metadata: by claim name, or by the pod's claim name for a template's claim.

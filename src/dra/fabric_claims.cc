@@ -12,6 +12,10 @@
 namespace vfio_agent::dra::internal {
 namespace {
 
+// A partition's owner in the manager's checkpoint: the claim it was activated for.
+constexpr char kOwnerPrefix[] = "dra-claim:";
+constexpr size_t kOwnerPrefixSize = sizeof(kOwnerPrefix) - 1;
+
 bool IsPartitionAttribute(const std::string& key, const std::string& prefix) {
   return key.size() > prefix.size() && key.starts_with(prefix) &&
          std::all_of(key.begin() + static_cast<std::ptrdiff_t>(prefix.size()), key.end(),
@@ -85,7 +89,9 @@ void FabricClaims::Loop() {
 }
 
 bool FabricClaims::TableReadLocked() {
-  if (!table_read_) table_read_ = manager_->Reconcile(std::nullopt).ok();  // failures logged by the manager
+  // Before the first read the claims are all that is known to hold: enough to tell a restarted FM what is active
+  // (it answers no read before), not to release anything.
+  if (!table_read_) table_read_ = manager_->Reconcile(HeldLocked(), fabric::Release::kNothing).ok();  // logged
   return table_read_;
 }
 
@@ -97,6 +103,8 @@ fabric::Held FabricClaims::HeldLocked() {
     held.containers.push_back(hold.gpus);
     claimed.insert(hold.partitions.begin(), hold.partitions.end());
   }
+  held.partitions = claimed;
+  const std::map<uint32_t, std::string> owners = manager_->Owners();
   const fabric::FabricStatus status = manager_->Status();
   for (const fabric::Partition& partition : status.table.partitions()) {
     if (!partition.active) {
@@ -104,7 +112,18 @@ fabric::Held FabricClaims::HeldLocked() {
       continue;
     }
     if (claimed.contains(partition.id) || releasing_.contains(partition.id)) continue;
+    // Activated for a claim of ours that holds nothing now: Prepare activated it and the agent stopped before the
+    // claim's checkpoint was written (or the claim is gone). Ours to release.
+    if (auto owner = owners.find(partition.id); owner != owners.end() && owner->second.starts_with(kOwnerPrefix) &&
+                                                 !holds_.contains(owner->second.substr(kOwnerPrefixSize))) {
+      const std::string uid = owner->second.substr(kOwnerPrefixSize);
+      spdlog::info("DRA claim {}: Fabric Manager partition {} was activated for it, and no prepared claim holds it",
+                   uid, fabric::Describe(partition));
+      releasing_[partition.id] = absl::StrCat("claim ", uid, " (never prepared)");
+      continue;
+    }
     held.gpus.insert(partition.gpus.begin(), partition.gpus.end());  // not ours: its holder may still use it
+    held.containers.push_back({partition.gpus.begin(), partition.gpus.end()});  // and FM is told it after a restart
   }
   return held;
 }
@@ -139,7 +158,7 @@ absl::StatusOr<std::vector<uint32_t>> FabricClaims::Activate(const std::string& 
           "[{matchAttribute: ", driver_, "/", PartitionAttribute(static_cast<int>(gpus.size())), "}]"));
     }
     activating_ = claim;
-    absl::Status activated = manager_->PrepareAllocation(gpus);
+    absl::Status activated = manager_->PrepareAllocation(gpus, absl::StrCat(kOwnerPrefix, uid));
     activating_.clear();
     if (!activated.ok()) return activated;
     std::vector<uint32_t> partitions;

@@ -6,7 +6,12 @@
 //
 // Which partitions the driver may release: only those it activated (or found recorded) for a claim. A partition
 // active for no claim of this driver (a VM the device plugin started before the node moved to DRA) counts as held,
-// so it is never deactivated under that VM.
+// so it is never deactivated under that VM. Activate names the claim to the manager before FM is asked, and the
+// manager checkpoints it: a partition activated for a claim that no prepared claim holds after a restart (the agent
+// stopped between FM's answer and the claim's checkpoint) is released by the next pass.
+//
+// After an FM restart FM is told exactly the prepared claims' partitions (and the active ones that are not ours),
+// before any read: a restarted FM in resiliency mode answers nothing before (fabric/partition_manager.h).
 //
 // What happens is told to DriverOptions::fabric_observer, as the device plugin tells its own: each activation with
 // the claim it is for, each release with the claim that let the partition go.

@@ -146,7 +146,8 @@ class NvfmClient final : public FmClient {
       if (excluded.contains(info.partitionId)) continue;
       Partition partition;
       partition.id = info.partitionId;
-      partition.active = info.isActive != 0;
+      // FM's flag is 1 when active; any other value (an unsigned int FM may extend) is not taken as active.
+      partition.active = info.isActive == 1;
       for (unsigned int g = 0; g < std::min<unsigned int>(info.numGpus, nvfm::kMaxNumGpus); ++g) {
         const nvfm::PartitionGpuInfo& gpu = info.gpuInfo[g];
         absl::StatusOr<std::string> bdf =

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/fabric/nvfm_api.h"
 
 namespace vfio_agent::fabric {
@@ -24,11 +28,101 @@ std::string FmStatusName(const absl::Status& status) {
   return name != nullptr ? name : absl::StrCat("FM_ST_", *code);
 }
 
+constexpr char kCheckpointHeader[] =
+    "# vfio-gpu-agent: Fabric Manager's partitions as last read (partition <id> <module ids> <GPUs>), and those the "
+    "agent asked FM to activate for an owner (owner <id> <owner>); read at start to tell a restarted FM what is active";
+
+// The table's partitions without FM's active flags: what a checkpoint keeps.
+PartitionTable Layout(const PartitionTable& table) {
+  std::vector<Partition> partitions = table.partitions();
+  for (Partition& partition : partitions) partition.active = false;
+  return PartitionTable(std::move(partitions));
+}
+
+absl::Status ParseCheckpoint(const std::filesystem::path& file, const std::string& text, PartitionTable* table,
+                             std::map<uint32_t, std::string>* owners) {
+  std::vector<Partition> partitions;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    if (line.empty() || line.front() == '#') continue;
+    std::vector<absl::string_view> words = absl::StrSplit(line, absl::MaxSplits(' ', 3));
+    uint32_t id = 0;
+    if (words.size() >= 3 && words[0] == "owner" && absl::SimpleAtoi(words[1], &id)) {
+      (*owners)[id] = std::string(line.substr(words[0].size() + words[1].size() + 2));
+      continue;
+    }
+    Partition partition;
+    bool ok = words.size() == 4 && words[0] == "partition" && absl::SimpleAtoi(words[1], &partition.id);
+    if (ok) {
+      for (absl::string_view module : absl::StrSplit(words[2], ',')) {
+        uint32_t value = 0;
+        ok = ok && absl::SimpleAtoi(module, &value);
+        partition.module_ids.push_back(value);
+      }
+      for (absl::string_view gpu : absl::StrSplit(words[3], ',')) partition.gpus.emplace_back(gpu.data(), gpu.size());
+      std::sort(partition.gpus.begin(), partition.gpus.end());
+    }
+    if (!ok) {
+      return absl::DataLossError(absl::StrCat("Fabric Manager checkpoint ", file.string(), " line ", number,
+                                              ": not \"partition <id> <module,...> <BDF,...>\" or \"owner <id> <owner>\""));
+    }
+    partitions.push_back(std::move(partition));
+  }
+  *table = PartitionTable(std::move(partitions));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 PartitionManager::PartitionManager(FabricOptions options, ClientFactory connect, FabricObserver* observer, Clock clock)
     : options_(std::move(options)), connect_(std::move(connect)), observer_(observer), clock_(std::move(clock)) {
   status_.error = "not connected yet";
+  LoadCheckpoint();
+}
+
+void PartitionManager::LoadCheckpoint() {
+  if (options_.checkpoint.empty()) return;
+  absl::StatusOr<std::string> text = fs::ReadTrimmed(options_.checkpoint);
+  if (absl::IsNotFound(text.status())) return;
+  absl::Status parsed = text.status();
+  PartitionTable table;
+  std::map<uint32_t, std::string> owners;
+  if (parsed.ok()) parsed = ParseCheckpoint(options_.checkpoint, *text, &table, &owners);
+  if (!parsed.ok()) {
+    // Only a restarted FM needs it, and then only until FM answers: the next read writes it anew.
+    spdlog::warn("fabric: {}; a Fabric Manager restarted before this agent's first read cannot be told what is active",
+                 parsed.ToString());
+    return;
+  }
+  checkpointed_ = std::move(table);
+  owners_ = std::move(owners);
+  spdlog::info("fabric: checkpoint {}: {} partitions; activated for an owner: [{}]", options_.checkpoint.string(),
+               checkpointed_.partitions().size(),
+               absl::StrJoin(owners_, ",", [](std::string* out, const auto& entry) { absl::StrAppend(out, entry.first); }));
+}
+
+void PartitionManager::SaveCheckpointLocked() {
+  if (options_.checkpoint.empty()) return;
+  std::string text = absl::StrCat(kCheckpointHeader, "\n");
+  for (const Partition& partition : checkpointed_.partitions()) {
+    absl::StrAppend(&text, "partition ", partition.id, " ", absl::StrJoin(partition.module_ids, ","), " ",
+                    absl::StrJoin(partition.gpus, ","), "\n");
+  }
+  for (const auto& [id, owner] : owners_) absl::StrAppend(&text, "owner ", id, " ", owner, "\n");
+  std::error_code ec;
+  std::filesystem::create_directories(options_.checkpoint.parent_path(), ec);
+  absl::Status written = ec ? fs::ErrnoStatus(ec.value(), "create directory", options_.checkpoint.parent_path())
+                            : fs::WriteFileAtomically(options_.checkpoint, text);
+  if (!written.ok()) {
+    spdlog::warn("fabric: checkpoint not written ({}): an agent restarted together with Fabric Manager could not tell "
+                 "it what is active", written.ToString());
+  }
+}
+
+std::map<uint32_t, std::string> PartitionManager::Owners() const {
+  std::lock_guard lock(mu_);
+  return owners_;
 }
 
 PartitionManager::~PartitionManager() = default;
@@ -44,9 +138,6 @@ void PartitionManager::DropLocked(const absl::Status& why) {
   if (client_) spdlog::warn("fabric: connection to Fabric Manager at {} lost: {}", options_.address, why.ToString());
   client_.reset();
   status_.connected = false;
-  for (const Partition& partition : status_.table.partitions()) {
-    if (partition.active) active_before_loss_.insert(partition.id);
-  }
   SetErrorLocked(std::string(why.message()));
 }
 
@@ -73,25 +164,52 @@ absl::Status PartitionManager::ConnectLocked() {
 }
 
 absl::Status PartitionManager::TellActivatedLocked() {
-  // What serves a pod: a container's exact partition, a held partition that was active before the connection was
-  // lost (or is now), or one activated moments ago (the kubelet has not recorded its pod yet).
-  std::set<uint32_t> active;
+  const PartitionTable& table = read_once_ ? status_.table : checkpointed_;
+  if (!held_known_) {
+    return absl::UnavailableError(absl::StrCat("Fabric Manager at ", options_.address,
+                                               " not told what is active yet: what pods hold is not known yet"));
+  }
+  // In priority order; a candidate overlapping one already chosen is left out (FM refuses an overlapping list, and
+  // a container holds exactly one partition: the other is stale).
+  std::vector<uint32_t> candidates(last_held_.partitions.begin(), last_held_.partitions.end());
   for (const std::set<std::string>& container : last_held_.containers) {
-    if (const Partition* partition = status_.table.Exact(container)) active.insert(partition->id);
+    if (container.empty()) continue;
+    if (const Partition* partition = table.Exact(container)) {
+      candidates.push_back(partition->id);
+    } else if (table.partitions().empty() && last_held_.partitions.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Fabric Manager at ", options_.address, " cannot be told what is active: a pod holds [",
+          absl::StrJoin(container, ","), "] and no partition table was read or checkpointed (",
+          options_.checkpoint.empty() ? "no checkpoint file" : options_.checkpoint.string(), ")"));
+    } else if (options_.fail_open) {
+      for (const std::string& gpu : container) {
+        if (const Partition* single = table.Exact({gpu})) candidates.push_back(single->id);
+      }
+    }
   }
   const auto now = clock_();
-  for (const Partition& partition : status_.table.partitions()) {
-    auto activated = activated_at_.find(partition.id);
-    const bool young = activated != activated_at_.end() && now - activated->second < options_.activation_grace;
-    const bool was_active = partition.active || active_before_loss_.contains(partition.id);
-    if (young || (was_active && HeldLocked(partition))) active.insert(partition.id);
+  for (const auto& [id, at] : activated_at_) {
+    if (now - at < options_.activation_grace) candidates.push_back(id);
   }
-  const std::vector<uint32_t> list(active.begin(), active.end());
+  std::vector<uint32_t> list;
+  for (uint32_t id : candidates) {
+    if (std::find(list.begin(), list.end(), id) != list.end()) continue;
+    const Partition* partition = table.Find(id);
+    const auto clash = std::find_if(list.begin(), list.end(), [&](uint32_t chosen) {
+      const Partition* other = table.Find(chosen);
+      return partition != nullptr && other != nullptr && Overlaps(*partition, *other);
+    });
+    if (clash != list.end()) {
+      spdlog::warn("fabric: partition {} is not told to Fabric Manager: it overlaps P{}, which a holder uses",
+                   Describe(*partition), *clash);
+      continue;
+    }
+    list.push_back(id);
+  }
+  std::sort(list.begin(), list.end());
   if (absl::Status told = client_->SetActivated(list); !told.ok()) return told;
   must_tell_ = false;
-  active_before_loss_.clear();
-  spdlog::info("fabric: reconnected to {}; told it the active partitions: [{}]", options_.address,
-               absl::StrJoin(list, ","));
+  spdlog::info("fabric: told Fabric Manager at {} the active partitions: [{}]", options_.address, absl::StrJoin(list, ","));
   return absl::OkStatus();
 }
 
@@ -109,23 +227,63 @@ absl::Status PartitionManager::ReadLocked() {
   if (!(*table == status_.table)) ++status_.generation;
   status_.table = *std::move(table);
   read_once_ = true;
+  bool changed = false;
+  if (PartitionTable layout = Layout(status_.table); !(layout == checkpointed_)) {
+    checkpointed_ = std::move(layout);
+    changed = true;
+  }
+  // An owner's partition FM reports inactive is no one's any more (a record written before an activation that
+  // failed, or never happened because the agent died first).
+  changed |= std::erase_if(owners_, [&](const auto& entry) {
+               const Partition* partition = status_.table.Find(entry.first);
+               return partition == nullptr || !partition->active;
+             }) > 0;
+  if (changed) SaveCheckpointLocked();
   return absl::OkStatus();
 }
 
-absl::Status PartitionManager::Reconcile(const std::optional<Held>& held) {
+absl::Status PartitionManager::Reconcile(const std::optional<Held>& held, Release release) {
   std::vector<std::function<void()>> notes;
   absl::Status result;
   {
     std::lock_guard lock(mu_);
     const uint64_t generation = status_.generation;
-    if (held) last_held_ = *held;
-    // FM is told after a read: the partitions of the held containers are found in its table.
+    if (held) {
+      last_held_ = *held;
+      held_known_ = true;
+    }
+    // A restarted FM in resiliency mode answers no read until it is told: it is told first, from what this process
+    // kept (or its checkpoint) and what is held; a read it refuses with FM_ST_NOT_CONFIGURED is the same news.
     auto connect_and_read = [&] {
       absl::Status status = client_ ? absl::OkStatus() : ConnectLocked();
-      if (status.ok()) status = ReadLocked();
-      if (status.ok() && must_tell_) {
-        status = TellActivatedLocked();
-        if (status.ok()) status = ReadLocked();
+      if (!status.ok()) return status;
+      absl::Status told = absl::UnavailableError("not told");
+      if (must_tell_ && held_known_) {
+        told = TellActivatedLocked();
+        if (!told.ok() && ConnectionLost(told)) return told;
+      }
+      status = ReadLocked();
+      if (Is(status, nvfm::kNotConfigured) && held_known_ && !told.ok()) {
+        told = TellActivatedLocked();
+        if (told.ok() || ConnectionLost(told)) {
+          status = told.ok() ? ReadLocked() : told;
+        } else if (!Is(told, nvfm::kNotConfigured)) {
+          // Why FM stays refused (and will exit) belongs in the message the GPUs are Unhealthy with.
+          absl::Status both(status.code(), absl::StrCat(status.message(), "; ", told.message()));
+          status.ForEachPayload([&](auto url, const absl::Cord& payload) { both.SetPayload(url, payload); });
+          status = both;
+        }
+      }
+      if (!told.ok() && must_tell_ && held_known_) {
+        if (status.ok()) {
+          // FM answers without having heard it: it was not waiting for the list (no resiliency restart).
+          spdlog::warn("fabric: Fabric Manager at {} answers, but did not take the active partitions: {}",
+                       options_.address, told.ToString());
+          must_tell_ = false;
+        } else if (!Is(told, nvfm::kNotConfigured)) {
+          spdlog::warn("fabric: telling Fabric Manager at {} the active partitions failed: {}", options_.address,
+                       told.ToString());
+        }
       }
       return status;
     };
@@ -135,7 +293,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<Held>& held) {
       DropLocked(result);
       result = connect_and_read();
     }
-    if (result.ok() && held) {
+    if (result.ok() && held && release == Release::kUnheld) {
       const auto now = clock_();
       for (const Partition& partition : status_.table.partitions()) {
         if (!partition.active || HeldLocked(partition)) continue;
@@ -144,6 +302,7 @@ absl::Status PartitionManager::Reconcile(const std::optional<Held>& held) {
         absl::Status released = client_->Deactivate(partition.id);
         if (released.ok() || Is(released, nvfm::kUninitialized)) {
           activated_at_.erase(partition.id);
+          if (owners_.erase(partition.id) > 0) SaveCheckpointLocked();
           spdlog::info("fabric: partition {} deactivated: no pod holds its GPUs", Describe(partition));
           notes.push_back([this, partition] { observer_->OnPartitionDeactivated(partition, "no pod holds its GPUs"); });
         } else {
@@ -210,7 +369,7 @@ std::optional<std::vector<std::string>> PartitionManager::Preferred(const std::s
 
 // NOLINTNEXTLINE(performance-unnecessary-value-param): a read replaces the table `partition` would point into.
 absl::Status PartitionManager::ActivateLocked(Partition partition, const std::set<std::string>& gpus,
-                                              std::vector<std::function<void()>>* notes) {
+                                              const std::string& owner, std::vector<std::function<void()>>* notes) {
   const std::string requested = absl::StrJoin(gpus, ",");
   for (const Partition& other : status_.table.partitions()) {
     if (other.id == partition.id || !other.active || !Overlaps(other, partition)) continue;
@@ -231,11 +390,17 @@ absl::Status PartitionManager::ActivateLocked(Partition partition, const std::se
                                                         " for [", requested, "]: ", released.message()));
     }
     activated_at_.erase(other.id);
+    if (owners_.erase(other.id) > 0) SaveCheckpointLocked();
     spdlog::info("fabric: partition {} deactivated: it overlaps {}, requested for [{}]", Describe(other),
                  Describe(partition), requested);
     notes->push_back([this, other, partition] {
       observer_->OnPartitionDeactivated(other, absl::StrCat("it overlaps ", Describe(partition)));
     });
+  }
+  // Recorded before FM is asked: a process that dies between FM's answer and its caller's own record leaves this.
+  if (!owner.empty() && owners_[partition.id] != owner) {
+    owners_[partition.id] = owner;
+    SaveCheckpointLocked();
   }
   absl::Status activated = client_->Activate(partition.id);
   if (Is(activated, nvfm::kInUse)) {
@@ -248,6 +413,8 @@ absl::Status PartitionManager::ActivateLocked(Partition partition, const std::se
     }
   }
   if (!activated.ok()) {
+    // An IN_USE partition someone else activated is not this owner's; the next read drops a record of an inactive one.
+    if (!owner.empty() && owners_.erase(partition.id) > 0) SaveCheckpointLocked();
     if (ConnectionLost(activated)) DropLocked(activated);
     notes->push_back([this, gpus, name = FmStatusName(activated), message = std::string(activated.message())] {
       observer_->OnActivationFailed({gpus.begin(), gpus.end()}, name, message);
@@ -270,7 +437,7 @@ absl::Status PartitionManager::ActivateLocked(Partition partition, const std::se
   return absl::OkStatus();
 }
 
-absl::Status PartitionManager::PrepareAllocation(const std::set<std::string>& gpus) {
+absl::Status PartitionManager::PrepareAllocation(const std::set<std::string>& gpus, const std::string& owner) {
   std::vector<std::function<void()>> notes;
   absl::Status result;
   {
@@ -284,7 +451,7 @@ absl::Status PartitionManager::PrepareAllocation(const std::set<std::string>& gp
       return absl::OkStatus();
     }
     if (const Partition* exact = status_.table.Exact(gpus)) {
-      result = ActivateLocked(*exact, gpus, &notes);
+      result = ActivateLocked(*exact, gpus, owner, &notes);
       if (!result.ok() && options_.fail_open) {
         spdlog::warn("fabric: [{}] allocated without its partition (--fabric-fail-mode open): {}", requested,
                      result.ToString());
@@ -296,7 +463,7 @@ absl::Status PartitionManager::PrepareAllocation(const std::set<std::string>& gp
       for (const std::string& gpu : gpus) {
         const Partition* single = status_.table.Exact({gpu});
         if (single == nullptr) continue;
-        if (absl::Status one = ActivateLocked(*single, {gpu}, &notes); !one.ok()) {
+        if (absl::Status one = ActivateLocked(*single, {gpu}, owner, &notes); !one.ok()) {
           spdlog::warn("fabric: {}: {}", gpu, one.ToString());
         }
       }

@@ -259,6 +259,8 @@ TEST(ServeOptionsTest, TheDraDriverTakesTheFabricFlags) {
   EXPECT_TRUE(options->fabric.fail_open);
   EXPECT_EQ(options->fabric_library, "/opt/libnvfm.so.1");
   EXPECT_EQ(options->fabric_interval, std::chrono::milliseconds(200));
+  // The partition table a restarted FM is told from lives in --state-dir.
+  EXPECT_EQ(options->fabric.checkpoint, "/var/lib/vfio-gpu-agent/fabric-partitions.txt");
   absl::StatusOr<ParsedCommand> off = ParseServe({"--kubelet-api=dra"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(DraOptionsFromFlags(*off, nullptr)->fabric.address, "");

@@ -12,6 +12,7 @@ inline DaemonOptions PassthroughDaemonOptions(const plugin::testing::Node& node)
   options.serve = node.options;
   options.serve.paths.pod_resources_socket = PodResourcesSocket(node);
   options.bind.paths = options.serve.paths;
+  options.bind.targets = binding::Targets::EverySelected();
   options.bind.write_timeout = absl::Seconds(30);
   options.bind.devnode_wait = absl::Seconds(30);
   options.health_port = 0;

@@ -82,6 +82,10 @@ absl::StatusOr<std::unique_ptr<RunProcess>> RunProcess::Start(plugin::testing::N
   if (std::find(extra_args.begin(), extra_args.end(), "--rescan-interval") == extra_args.end()) {
     args.insert(args.end(), {"--rescan-interval", "200"});
   }
+  // The agent's state (vGPU catalogs, the Fabric Manager checkpoint) in the node's directory, never the host's.
+  if (std::find(extra_args.begin(), extra_args.end(), "--state-dir") == extra_args.end()) {
+    args.insert(args.end(), {"--state-dir", (node.kubelet_dir().parent_path() / "state").string()});
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());

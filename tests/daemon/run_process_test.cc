@@ -385,6 +385,47 @@ TEST_F(RunProcessTest, SharedNvSwitchModeWaitsForFabricManagerAndReportsPartitio
   EXPECT_TRUE(WaitUntil([&] { return vfio_agent::testing::SnapshotFakeFm(fm).active.empty(); }));
 }
 
+// Issue 7, device plugin + FM, every restart order: FM restarts in resiliency mode under a running agent (told at
+// once from the table it kept), the agent restarts while FM runs (it adopts the VM's partition), and both restart:
+// the new agent process comes up while FM refuses every read, and tells it from <state-dir>'s checkpoint and the
+// pod-resources containers. Each time the VM's partition stays active, FM stays up and every GPU is healthy again.
+TEST_F(RunProcessTest, SharedNvSwitchModeSurvivesFabricManagerAndAgentRestartsInEitherOrder) {
+  Boot();
+  const std::filesystem::path fm = vfio_agent::testing::MakeFakeFm(node_->kubelet_dir().parent_path() / "fm");
+  const std::vector<std::string> args = {"--fabric-manager", "unix:" + fm.string(), "--fabric-library",
+                                         FAKE_NVFM_LIBRARY, "--fabric-interval", "50"};
+  StartRun(args);
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  auto pod = node_->kubelet().Admit({.name = "vm", .limits = {{kH200, 2}}});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  const int partition = vfio_agent::testing::PartitionOf(pod->devices[kH200]);
+  ASSERT_GE(partition, 3);
+  const std::set<uint32_t> vm = {static_cast<uint32_t>(partition)};
+  auto fm_told_vm = [&] {
+    const vfio_agent::testing::FakeFmState state = vfio_agent::testing::SnapshotFakeFm(fm);
+    return state.told_any && !state.awaiting_since_ms && state.active == vm && !state.dead;
+  };
+
+  vfio_agent::testing::RestartFakeFm(fm);  // FM restarts under the running agent
+  EXPECT_TRUE(WaitUntil(fm_told_vm)) << run_->Log();
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+
+  ASSERT_EQ(run_->SignalAndWait(SIGTERM), 0);  // the agent restarts while FM runs
+  StartRun(args);
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(vfio_agent::testing::SnapshotFakeFm(fm).active, vm);
+
+  ASSERT_EQ(run_->SignalAndWait(SIGTERM), 0);  // both: FM restarts while no agent runs, the agent comes up in its window
+  vfio_agent::testing::RestartFakeFm(fm);
+  StartRun(args);
+  EXPECT_TRUE(WaitUntil(fm_told_vm)) << run_->Log();
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  EXPECT_EQ(vfio_agent::testing::SnapshotFakeFm(fm).counts["deactivate"], 0);
+
+  node_->kubelet().Release("vm");
+  EXPECT_TRUE(WaitUntil([&] { return vfio_agent::testing::SnapshotFakeFm(fm).active.empty(); }));
+}
+
 TEST_F(RunProcessTest, ApiDownTheWholeTimeStillServes) {
   Boot();
   const auto kubeconfig = node_->kubelet_dir().parent_path() / "kubeconfig";

@@ -21,6 +21,7 @@ inline DaemonOptions VgpuDaemonOptions(const std::filesystem::path& sysfs_root, 
   options.serve.workload = Workload::kVmVgpu;
   options.serve.vgpu_catalog_file = state_dir / "vgpu-catalog.txt";
   options.bind.paths = options.serve.paths;
+  options.bind.targets = binding::Targets::EverySelected();
   options.health_port = 0;
   options.metrics_port = 0;
   options.not_ready_interval = std::chrono::milliseconds(50);

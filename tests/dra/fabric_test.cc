@@ -111,6 +111,7 @@ class DraFabricTest : public claimtest::ClaimApiTest {
       return publisher_->Publish(std::move(devices));
     };
     options.fabric.address = "unix:" + fm_.string();
+    options.fabric.checkpoint = FabricCheckpoint();
     options.fabric_library = FAKE_NVFM_LIBRARY;
     options.fabric_interval = 50ms;
     options.fabric_observer = &observer_;
@@ -149,6 +150,7 @@ class DraFabricTest : public claimtest::ClaimApiTest {
   }
 
   FakeFmState Fm() const { return testing::SnapshotFakeFm(fm_); }
+  std::filesystem::path FabricCheckpoint() const { return dir_.path() / "state" / "fabric-partitions.txt"; }
   bool FmActive(const std::set<uint32_t>& active) const {
     return testing::WaitUntil([&] { return Fm().active == active; });
   }
@@ -411,6 +413,60 @@ TEST_F(DraFabricTest, AGpuFabricManagerCannotVouchForIsPublishedUnhealthyAndTain
   })) << Health()[DeviceName(Module(1))];
   testing::UpdateFakeFm(fm_, [](FakeFmState& state) { state.unsupported.clear(); });
   EXPECT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; }));
+}
+
+// Issue 7, DRA + FM: FM restarts in resiliency mode while the driver runs and a claim is prepared. FM refuses every
+// read until told: the driver tells it the claim's partition, and the GPUs are healthy again.
+TEST_F(DraFabricTest, AnFmRestartInResiliencyModeIsToldThePreparedClaimsPartitionAndTheGpusRecover) {
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(7), Module(8)});
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  ASSERT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; }));
+  testing::RestartFakeFm(fm_);
+  ASSERT_TRUE(testing::WaitUntil([&] { return Fm().told_any; })) << "FM never told";
+  EXPECT_EQ(Fm().told, std::vector<uint32_t>{6});
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{6});
+  EXPECT_FALSE(Fm().dead);
+  EXPECT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; })) << Health().begin()->second;
+  ASSERT_EQ(Unprepare("pair", "uid-pair"), "");
+  ASSERT_TRUE(FmActive({}));
+}
+
+// Issue 7, both restart: the driver comes up while FM is in its refusal window; it has never read this FM and tells
+// it from the claims' checkpoints (their recorded partitions), even with its own FM checkpoint lost.
+TEST_F(DraFabricTest, ADriverStartedDuringFmsRefusalWindowTellsItThePreparedClaimsPartitions) {
+  StartDriver();
+  AddClaim("pair", "uid-pair", {Module(7), Module(8)});
+  AddClaim("four", "uid-four", {Module(1), Module(2), Module(3), Module(4)});
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  ASSERT_EQ(Prepare("four", "uid-four"), "");
+  StopDriver();
+  testing::RestartFakeFm(fm_);
+  std::filesystem::remove(FabricCheckpoint());
+  StartDriver();
+  ASSERT_TRUE(testing::WaitUntil([&] { return Fm().told_any; })) << "FM never told";
+  EXPECT_EQ(Fm().told, (std::vector<uint32_t>{1, 6}));
+  EXPECT_TRUE(HealthIs([](uint32_t) { return "HEALTHY"; })) << Health().begin()->second;
+  EXPECT_EQ(Fm().active, (std::set<uint32_t>{1, 6}));
+  EXPECT_EQ(Fm().counts["deactivate"], 0);
+}
+
+// Issue 11 (fabric part): Prepare activated the partition and the agent died before the claim's checkpoint was
+// written (here: the checkpoint removed while the driver was down). No prepared claim holds the partition, and the
+// manager's record says it was activated for that claim: the restarted driver releases it.
+TEST_F(DraFabricTest, APartitionActivatedForAClaimThatWasNeverCheckpointedIsReleasedAfterARestart) {
+  StartDriver();
+  AddClaim("lost", "uid-lost", {Module(5), Module(6)});
+  ASSERT_EQ(Prepare("lost", "uid-lost"), "");
+  ASSERT_EQ(Fm().active, std::set<uint32_t>{5});
+  StopDriver();
+  std::filesystem::remove(Checkpoint("uid-lost"));
+  std::filesystem::remove(CdiSpec("uid-lost"));
+  StartDriver();
+  ASSERT_TRUE(FmActive({})) << "the partition of a claim never prepared stays active";
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return observer_.Notes().back() == "deactivated P5: claim uid-lost (never prepared) released its GPUs";
+  })) << observer_.Notes().back();
 }
 
 }  // namespace

@@ -181,6 +181,31 @@ std::vector<Allocation> OnePerRequest(size_t first, size_t count) {
   return allocations;
 }
 
+// Kubernetes 1.37's metadata: the file is a stream of the same object as v1beta1, then v1alpha1 (the Go helper's
+// order); KubeVirt 1.9's reader skips the version it does not know and still gets its device (issue 32).
+TEST_F(DraPrepareTest, TheMetadataFileIsAStreamV1beta1ThenV1alpha1) {
+  StartNode();
+  AddClaim("one", "uid-one", OnePerRequest(0, 1));
+  auto one = Prepare("one", "uid-one");
+  ASSERT_TRUE(one.ok()) << one.status();
+  std::istringstream stream(ReadFile(MetadataFile("one", "gpu0")));
+  std::vector<Json> objects;
+  for (Json object; (stream >> std::ws) && !stream.eof();) {
+    stream >> object;
+    objects.push_back(object);
+  }
+  ASSERT_EQ(objects.size(), 2u);
+  EXPECT_EQ(objects[0]["apiVersion"], "metadata.resource.k8s.io/v1beta1");
+  EXPECT_EQ(objects[1]["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+  objects[0].erase("apiVersion");
+  objects[1].erase("apiVersion");
+  EXPECT_EQ(objects[0], objects[1]);
+  std::optional<Json> kubevirt = ReadDeviceMetadata(MetadataFile("one", "gpu0"));
+  ASSERT_TRUE(kubevirt.has_value());
+  EXPECT_EQ((*kubevirt)["requests"][0]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+            kGpus[0]);
+}
+
 TEST_F(DraPrepareTest, PreparesClaimsOfOneTwoAndEightGpus) {
   StartNode();
   AddClaim("one", "uid-one", OnePerRequest(0, 1));

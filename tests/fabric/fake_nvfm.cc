@@ -22,13 +22,16 @@ struct Connection {
 
 bool g_initialized = false;
 
-// FM's answer to any call on a connection, before the call's own work; kSuccess to go on.
-nvfm::Return Check(const Connection* connection, const FakeFmState& state) {
+// FM's answer to any call on a connection, before the call's own work; kSuccess to go on. A partition call (every
+// call but fmSetActivatedFabricPartitions) is refused while a restarted FM waits to be told what is active.
+nvfm::Return Check(const Connection* connection, FakeFmState& state, bool partition_call) {
   if (connection == nullptr) return nvfm::kBadParam;
-  if (state.epoch != connection->epoch) return nvfm::kConnectionNotValid;
+  vfio_agent::testing::ApplyFakeFmClock(state);
+  if (state.dead || state.epoch != connection->epoch) return nvfm::kConnectionNotValid;
   if (state.mode == "not-configured") return nvfm::kNotConfigured;
   if (state.mode == "not-supported") return nvfm::kNotSupported;
   if (state.mode == "version-mismatch") return nvfm::kVersionMismatch;
+  if (partition_call && state.awaiting_since_ms) return nvfm::kNotConfigured;
   return nvfm::kSuccess;
 }
 
@@ -42,13 +45,13 @@ void FormatBusId(const std::string& bdf, char* out, size_t size) {
 }
 
 template <typename Fn>
-nvfm::Return WithState(nvfm::Handle handle, Fn&& fn) {
+nvfm::Return WithState(nvfm::Handle handle, Fn&& fn, bool partition_call = true) {
   auto* connection = static_cast<Connection*>(handle);
   if (connection == nullptr) return nvfm::kBadParam;
   FakeFmLock lock(connection->file);
   FakeFmState state = vfio_agent::testing::ReadFakeFm(connection->file);
-  if (nvfm::Return rc = Check(connection, state); rc != nvfm::kSuccess) return rc;
-  const nvfm::Return rc = fn(state);
+  const nvfm::Return checked = Check(connection, state, partition_call);
+  const nvfm::Return rc = checked == nvfm::kSuccess ? fn(state) : checked;
   vfio_agent::testing::WriteFakeFm(connection->file, state);
   return rc;
 }
@@ -85,6 +88,11 @@ __attribute__((visibility("default"))) nvfm::Return fmConnect(nvfm::ConnectParam
   if (!std::filesystem::exists(file)) return nvfm::kConnectionNotValid;  // no FM listening there
   FakeFmLock lock(file);
   FakeFmState state = vfio_agent::testing::ReadFakeFm(file);
+  vfio_agent::testing::ApplyFakeFmClock(state);
+  if (state.dead) {  // FM exited: nothing accepts the connection
+    vfio_agent::testing::WriteFakeFm(file, state);
+    return nvfm::kConnectionNotValid;
+  }
   Count(state, "connect");
   vfio_agent::testing::WriteFakeFm(file, state);
   *handle = new Connection{file, state.epoch};
@@ -109,6 +117,9 @@ __attribute__((visibility("default"))) nvfm::Return fmGetSupportedFabricPartitio
       nvfm::PartitionInfo& info = list->partitionInfo[id];
       info.partitionId = static_cast<unsigned int>(id);
       info.isActive = state.active.contains(static_cast<uint32_t>(id)) ? 1 : 0;
+      if (auto value = state.is_active.find(static_cast<uint32_t>(id)); value != state.is_active.end()) {
+        info.isActive = value->second;
+      }
       info.numGpus = static_cast<unsigned int>(partitions[id].size());
       for (size_t g = 0; g < partitions[id].size(); ++g) {
         nvfm::PartitionGpuInfo& gpu = info.gpuInfo[g];
@@ -172,11 +183,23 @@ __attribute__((visibility("default"))) nvfm::Return fmSetActivatedFabricPartitio
   if (list->version != nvfm::kActivatedPartitionListVersion) return nvfm::kVersionMismatch;
   return WithState(handle, [&](FakeFmState& state) {
     Count(state, "set_activated");
-    state.told.assign(list->partitionIds, list->partitionIds + std::min<unsigned int>(list->numPartitions, 64));
+    if (list->numPartitions > nvfm::kMaxFabricPartitions) return nvfm::kBadParam;
+    const auto partitions = vfio_agent::testing::FakeHgxPartitions();
+    std::vector<uint32_t> told(list->partitionIds, list->partitionIds + list->numPartitions);
+    for (size_t i = 0; i < told.size(); ++i) {
+      if (told[i] >= partitions.size() || state.unsupported.contains(told[i])) return nvfm::kBadParam;
+      // Two active partitions never share a GPU: FM takes no such list.
+      for (size_t j = 0; j < i; ++j) {
+        if (Overlap(partitions[told[i]], partitions[told[j]])) return nvfm::kBadParam;
+      }
+    }
+    state.told = told;
     state.told_any = true;
-    state.active.insert(state.told.begin(), state.told.end());
+    // FM takes the list as what is active; a restart's refusal window ends with it.
+    state.awaiting_since_ms.reset();
+    state.active = {told.begin(), told.end()};
     return nvfm::kSuccess;
-  });
+  }, /*partition_call=*/false);
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +15,22 @@ std::vector<std::vector<uint32_t>> FakeHgxPartitions() {
                                             {1, 2}, {3, 4}, {5, 6}, {7, 8}};
   for (uint32_t module = 1; module <= 8; ++module) out.push_back({module});
   return out;
+}
+
+int64_t FakeFmNowMs() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
+void ApplyFakeFmClock(FakeFmState& state) {
+  if (!state.awaiting_since_ms) return;
+  // FM's wait starts once it has initialised: while it is still initialising its timer has not begun.
+  if (state.mode == "not-configured") state.awaiting_since_ms = FakeFmNowMs();
+  if (FakeFmNowMs() - *state.awaiting_since_ms < state.restart_timeout_ms) return;
+  state.awaiting_since_ms.reset();
+  state.dead = true;
+  state.active.clear();
 }
 
 FakeFmLock::FakeFmLock(const std::filesystem::path& file) : fd_(::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
@@ -53,6 +70,21 @@ FakeFmState ReadFakeFm(const std::filesystem::path& file) {
       int code = 0;
       words >> id >> code;
       state.fail[id] = code;
+    } else if (key == "resiliency") {
+      words >> state.resiliency;
+    } else if (key == "awaiting") {
+      int64_t since = 0;
+      words >> since;
+      state.awaiting_since_ms = since;
+    } else if (key == "restart_timeout_ms") {
+      words >> state.restart_timeout_ms;
+    } else if (key == "dead") {
+      state.dead = true;
+    } else if (key == "is_active") {
+      uint32_t id = 0;
+      unsigned value = 0;
+      words >> id >> value;
+      state.is_active[id] = value;
     } else if (key == "count") {
       std::string call;
       int n = 0;
@@ -73,6 +105,10 @@ void WriteFakeFm(const std::filesystem::path& file, const FakeFmState& state) {
   for (uint32_t id : state.unsupported) out << " " << id;
   out << "\n";
   for (const auto& [id, code] : state.fail) out << "fail " << id << " " << code << "\n";
+  out << "resiliency " << (state.resiliency ? 1 : 0) << "\nrestart_timeout_ms " << state.restart_timeout_ms << "\n";
+  if (state.awaiting_since_ms) out << "awaiting " << *state.awaiting_since_ms << "\n";
+  if (state.dead) out << "dead\n";
+  for (const auto& [id, value] : state.is_active) out << "is_active " << id << " " << value << "\n";
   for (const auto& [call, n] : state.counts) out << "count " << call << " " << n << "\n";
   if (state.told_any) {
     out << "told";

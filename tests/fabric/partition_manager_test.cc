@@ -43,10 +43,11 @@ class PartitionManagerTest : public ::testing::Test {
     if (address.empty()) address = "unix:" + fm_.string();
     NvfmOptions nvfm{.address = address, .library = FAKE_NVFM_LIBRARY};
     return std::make_unique<PartitionManager>(
-        FabricOptions{.address = address, .fail_open = fail_open, .activation_grace = 30s},
+        FabricOptions{.address = address, .fail_open = fail_open, .activation_grace = 30s, .checkpoint = Checkpoint()},
         [nvfm] { return ConnectNvfm(nvfm); }, &recorder_, [this] { return now_; });
   }
   FakeFmState Fm() const { return vfio_agent::testing::SnapshotFakeFm(fm_); }
+  std::filesystem::path Checkpoint() const { return dir_ / "state" / "fabric-partitions.txt"; }
 
   std::filesystem::path dir_, fm_;
   Recorder recorder_;
@@ -154,35 +155,148 @@ TEST_F(PartitionManagerTest, AtStartActivePartitionsAreAdoptedAndReleasedOnlyWhe
   EXPECT_THAT(recorder_.deactivated, ElementsAre(7));
 }
 
-TEST_F(PartitionManagerTest, AfterAnFmRestartItReconnectsAndTellsFmWhatIsActive) {
+// Issue 7 (a): in resiliency mode (FABRIC_MODE_RESTART=1) a restarted FM refuses every read until it is told; the
+// agent tells it from the table it kept and the held containers, and FM vouches for the GPUs again.
+TEST_F(PartitionManagerTest, AfterAnFmRestartInResiliencyModeFmIsToldBeforeAnyReadAndTheGpusAreUsableAgain) {
   auto manager = Make();
   ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
   ASSERT_TRUE(manager->PrepareAllocation(Modules({7, 8})).ok());
   vfio_agent::testing::RestartFakeFm(fm_);
   EXPECT_THAT(Fm().active, IsEmpty());
   now_ += 31s;
-  ASSERT_TRUE(manager->Reconcile(Modules({8})).ok());
+  const Held held(Modules({7, 8}), {Modules({7, 8})});
+  ASSERT_TRUE(manager->Reconcile(held).ok()) << manager->Status().error;
   const FakeFmState fm = Fm();
   EXPECT_TRUE(fm.told_any);
   EXPECT_THAT(fm.told, ElementsAre(6));
   EXPECT_THAT(fm.active, ElementsAre(6));
+  EXPECT_FALSE(fm.awaiting_since_ms);
+  EXPECT_FALSE(fm.dead);
   EXPECT_EQ(fm.counts.at("connect"), 2);
   EXPECT_EQ(manager->Status().reconnects, 1);
   EXPECT_EQ(manager->Unusable(Module(8)), "");
+  EXPECT_EQ(manager->Unusable(Module(1)), "");
 }
 
-// The agent restarted while FM was initialising, so it never saw the pods' partitions active; then FM restarted and
-// forgot them. The containers pod-resources lists still say which partitions serve a VM.
-TEST_F(PartitionManagerTest, AfterBothRestartedFmIsToldThePartitionsOfTheHeldContainers) {
-  UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "not-configured"; state.active = {1, 5}; });
+// Until pod-resources has answered, what serves a pod is unknown: FM is not told a guess (an empty list would end
+// the VMs' partitions), and is told at the first answer.
+TEST_F(PartitionManagerTest, ARestartedFmIsNotToldBeforeWhatPodsHoldIsKnown) {
   auto manager = Make();
-  const Held held(Modules({1, 2, 3, 4, 5, 6}), {Modules({1, 2, 3, 4}), Modules({5, 6})});
-  EXPECT_FALSE(manager->Reconcile(held).ok());
+  ASSERT_TRUE(manager->Reconcile(std::nullopt).ok());
   vfio_agent::testing::RestartFakeFm(fm_);
-  UpdateFakeFm(fm_, [](FakeFmState& state) { state.mode = "shared"; });
-  ASSERT_TRUE(manager->Reconcile(held).ok());
+  absl::Status refused = manager->Reconcile(std::nullopt);
+  EXPECT_THAT(refused.message(), HasSubstr("FM_ST_NOT_CONFIGURED"));
+  EXPECT_THAT(manager->Unusable(Module(1)), HasSubstr("FM_ST_NOT_CONFIGURED"));
+  EXPECT_FALSE(Fm().told_any);
+  ASSERT_TRUE(manager->Reconcile(Held(Modules({1, 2}), {Modules({1, 2})})).ok());
+  EXPECT_THAT(Fm().told, ElementsAre(3));
+}
+
+// Issue 7 (b): the agent restarts while FM is in its refusal window: the new process has never read FM, and tells
+// it from the checkpoint the process before it wrote.
+TEST_F(PartitionManagerTest, AnAgentStartedDuringFmsRefusalWindowTellsItFromTheCheckpoint) {
+  {
+    auto before = Make();
+    ASSERT_TRUE(before->Reconcile(std::set<std::string>{}).ok());
+    ASSERT_TRUE(before->PrepareAllocation(Modules({1, 2, 3, 4})).ok());
+    ASSERT_TRUE(before->PrepareAllocation(Modules({5, 6})).ok());
+  }
+  ASSERT_TRUE(std::filesystem::exists(Checkpoint()));
+  vfio_agent::testing::RestartFakeFm(fm_);
+  auto manager = Make();
+  EXPECT_FALSE(manager->Reconcile(std::nullopt).ok());  // the agent's first pass, before pod-resources answers
+  const Held held(Modules({1, 2, 3, 4, 5, 6}), {Modules({1, 2, 3, 4}), Modules({5, 6})});
+  ASSERT_TRUE(manager->Reconcile(held).ok()) << manager->Status().error;
   EXPECT_THAT(Fm().told, ElementsAre(1, 5));
   EXPECT_THAT(Fm().active, ElementsAre(1, 5));
+  EXPECT_EQ(manager->Unusable(Module(1)), "");
+  EXPECT_EQ(Fm().counts["deactivate"], 0);
+}
+
+// Without a checkpoint (first start, or the file lost) a fresh process cannot know the held containers' partitions:
+// it says so instead of telling FM a list that would end the VMs' partitions.
+TEST_F(PartitionManagerTest, WithoutACheckpointARestartedFmIsNotToldAGuess) {
+  vfio_agent::testing::RestartFakeFm(fm_);
+  auto manager = Make();
+  absl::Status status = manager->Reconcile(Held(Modules({5, 6}), {Modules({5, 6})}));
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("FM_ST_NOT_CONFIGURED"));
+  EXPECT_THAT(manager->Unusable(Module(5)), HasSubstr("no partition table was read or checkpointed"));
+  EXPECT_FALSE(Fm().told_any);
+  // Nothing held: the empty list is the truth, and FM hears it.
+  ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
+  EXPECT_TRUE(Fm().told_any);
+  EXPECT_THAT(Fm().told, IsEmpty());
+}
+
+// Issue 7 (c): a stale 4-GPU partition active beside a pod's 2-GPU one (the 4's pod is gone, but pod-resources did
+// not answer, so it was not released): FM is told only the pod's partition, never an overlapping pair.
+TEST_F(PartitionManagerTest, FmIsToldExactlyTheHeldContainersPartitionsNeverAnOverlappingOne) {
+  UpdateFakeFm(fm_, [](FakeFmState& state) {
+    state.resiliency = false;  // FM answers at once after its restart: only the list told is in question
+    state.active = {1};        // modules 1-4, left by a finished pod
+  });
+  auto manager = Make();
+  ASSERT_TRUE(manager->Reconcile(std::nullopt).ok());
+  ASSERT_TRUE(manager->Status().table.Find(1)->active);
+  vfio_agent::testing::RestartFakeFm(fm_);
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.active = {1}; });  // still in FM's mind after its restart
+  const Held held(Modules({1, 2}), {Modules({1, 2})});  // a VM holds modules 1 and 2: partition 3
+  ASSERT_TRUE(manager->Reconcile(held).ok()) << manager->Status().error;
+  EXPECT_TRUE(Fm().told_any);
+  EXPECT_THAT(Fm().told, ElementsAre(3));
+}
+
+// Issue 7 (d): FM's isActive is 1 for an active partition; any other value is not taken as active (and so
+// nothing deactivates it, and it is never told as active).
+TEST_F(PartitionManagerTest, OnlyIsActiveOneMeansActive) {
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.is_active = {{3, 2}, {5, 1}}; });
+  auto manager = Make();
+  ASSERT_TRUE(manager->Reconcile(std::nullopt).ok());
+  EXPECT_FALSE(manager->Status().table.Find(3)->active);
+  EXPECT_TRUE(manager->Status().table.Find(5)->active);
+  ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
+  EXPECT_EQ(Fm().counts["deactivate"], 1);  // P5 only
+}
+
+// The fake as FM is: a restarted FM that is not told within its timeout (60 s; here none) exits, and from then on
+// refuses connections; an agent that never tells sees FM gone.
+TEST_F(PartitionManagerTest, AnFmNeverToldExitsAndRefusesConnections) {
+  auto manager = Make();
+  ASSERT_TRUE(manager->Reconcile(std::nullopt).ok());
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.restart_timeout_ms = 0; });
+  vfio_agent::testing::RestartFakeFm(fm_);
+  EXPECT_TRUE(Fm().dead);
+  absl::Status status = manager->Reconcile(std::set<std::string>{});
+  EXPECT_THAT(status.message(), HasSubstr("FM_ST_CONNECTION_NOT_VALID"));
+  EXPECT_THAT(manager->Unusable(Module(1)), HasSubstr("not usable"));
+  // systemd starts FM again; this time it is told at once.
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.restart_timeout_ms = 60000; });
+  vfio_agent::testing::RestartFakeFm(fm_);
+  ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
+  EXPECT_TRUE(Fm().told_any);
+  EXPECT_FALSE(Fm().dead);
+}
+
+// The owner given to PrepareAllocation is checkpointed before FM is asked, read back by a new process, and dropped
+// once the partition is released (or FM reports it inactive).
+TEST_F(PartitionManagerTest, AnActivationsOwnerIsCheckpointedUntilThePartitionIsReleased) {
+  {
+    auto before = Make();
+    ASSERT_TRUE(before->Reconcile(std::set<std::string>{}).ok());
+    ASSERT_TRUE(before->PrepareAllocation(Modules({3, 4}), "claim-a").ok());
+    ASSERT_TRUE(before->PrepareAllocation(Modules({7, 8}), "claim-b").ok());
+    EXPECT_EQ(before->Owners(), (std::map<uint32_t, std::string>{{4, "claim-a"}, {6, "claim-b"}}));
+  }
+  UpdateFakeFm(fm_, [](FakeFmState& state) { state.active.erase(6); });  // gone while no agent ran
+  auto manager = Make();
+  EXPECT_EQ(manager->Owners(), (std::map<uint32_t, std::string>{{4, "claim-a"}, {6, "claim-b"}}));
+  ASSERT_TRUE(manager->Reconcile(std::nullopt).ok());
+  EXPECT_EQ(manager->Owners(), (std::map<uint32_t, std::string>{{4, "claim-a"}}));
+  ASSERT_TRUE(manager->Reconcile(std::set<std::string>{}).ok());
+  EXPECT_THAT(Fm().active, IsEmpty());
+  EXPECT_THAT(manager->Owners(), IsEmpty());
+  EXPECT_THAT(Make()->Owners(), IsEmpty());
 }
 
 TEST_F(PartitionManagerTest, AfterAnFmRestartWithNothingHeldFmIsToldTheEmptyList) {

@@ -83,6 +83,8 @@ TEST_F(FabricIntegrationTest, PodsOfOneTwoFourAndEightGpusEachGetAWholePartition
   EXPECT_EQ(Fm().counts["deactivate"], 5);
 }
 
+// The fake's restart is FM's resiliency restart (FABRIC_MODE_RESTART=1): every read is refused until FM is told, so
+// the agent tells first, from the table it kept, and the GPUs come back.
 TEST_F(FabricIntegrationTest, AnFmRestartMidRunIsToldTheActivePartitionAndTheVmKeepsIt) {
   Start();
   ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
@@ -92,6 +94,8 @@ TEST_F(FabricIntegrationTest, AnFmRestartMidRunIsToldTheActivePartitionAndTheVmK
   ASSERT_TRUE(WaitUntil([&] { return Fm().told_any; }));
   EXPECT_THAT(Fm().told, ElementsAre(two));
   EXPECT_THAT(Fm().active, ElementsAre(two));
+  EXPECT_FALSE(Fm().dead);
+  EXPECT_TRUE(node_->WaitForCounts(kH200, 8, 8));
   ASSERT_TRUE(node_->agent().Fabric());
   EXPECT_EQ(node_->agent().Fabric()->reconnects, 1);
   node_->kubelet().Release("vm2");

@@ -40,7 +40,8 @@ inline constexpr char kVgpuConfigStateLabel[] = "nvidia.com/vgpu.config.state";
 inline constexpr char kWorkloadLabel[] = "nvidia.com/gpu.workload.config";
 
 struct DaemonOptions {
-  binding::BinderOptions bind;  // `only` is set by each pass
+  // targets: the GPUs this agent manages (EverySelected, or --device's); each pass binds the due ones of them.
+  binding::BinderOptions bind;
   plugin::ServeOptions serve;   // `observer` is set by the daemon
   // `run --kubelet-api dra`: this DRA driver serves the bound GPUs and the device plugin is never started (one
   // kubelet API a node). Readiness then asks the driver: registered, every GPU healthy, slices written.

@@ -93,6 +93,7 @@ void BM_ReconcilePass8Gpus(benchmark::State& state) {
   options.serve = node->options;
   options.serve.paths.pod_resources_socket = PodResourcesSocket(*node);
   options.bind.paths = options.serve.paths;
+  options.bind.targets = binding::Targets::EverySelected();
   options.health_port = 0;
   options.metrics_port = 0;
   options.resync_interval = std::chrono::hours(1);
