@@ -32,3 +32,12 @@ turn the node vm-vgpu while the agent runs). Such an agent gets the state direct
 {{- define "vfio-gpu-agent.serviceAccountUser" -}}
 system:serviceaccount:{{ include "vfio-gpu-agent.namespace" . }}:vfio-gpu-agent
 {{- end -}}
+
+{{/*
+The agent keeps state across restarts (--state-dir on a hostPath) when it may serve vGPUs (the SR-IOV type names
+a full card no longer lists) or runs in shared-NVSwitch mode (Fabric Manager's partition table, told to a restarted
+FM before it answers a read).
+*/}}
+{{- define "vfio-gpu-agent.stateDir" -}}
+{{- if or (include "vfio-gpu-agent.vgpu" .) .Values.fabricManager.address }}true{{ end -}}
+{{- end }}
