@@ -114,7 +114,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;
-    if (options_.dra) options_.dra->fabric_observer = this;
+    if (options_.dra) {
+      options_.dra->fabric_observer = this;
+      options_.dra->on_prepare = [this](bool ok, std::chrono::nanoseconds took) { metrics_.OnPrepare(ok, took); };
+    }
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
     if (options_.dra) dra_ = std::make_unique<dra::Driver>(*options_.dra);
     if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
@@ -659,10 +662,12 @@ void Daemon::Impl::PublishVgpuConfig(const std::string& state, kube::EventType t
                                      const std::string& message, bool changed, const std::string& what_changed) {
   if (state.empty()) {
     if (vgpu_outcome_ != "none") spdlog::info("vGPU config: none chosen (no {} label, no --vgpu-config)", kVgpuConfigLabel);
+    metrics_.SetVgpuConfigState("");
     vgpu_outcome_ = "none";
     return;
   }
   if (reporter_) reporter_->SetLabel(kVgpuConfigStateLabel, state);
+  metrics_.SetVgpuConfigState(state);
   const std::string outcome = absl::StrCat(state, ":", message);
   if (outcome == vgpu_outcome_ && !changed) return;
   vgpu_outcome_ = outcome;

@@ -1,99 +1,105 @@
 #include "metrics.h"
 
 #include <exception>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
 namespace vfio_agent::daemon::internal {
 namespace {
 
-using prometheus::BuildCounter;
-using prometheus::BuildGauge;
-using prometheus::BuildHistogram;
-
 double Seconds(std::chrono::nanoseconds duration) { return std::chrono::duration<double>(duration).count(); }
 
 }  // namespace
 
+// prometheus-cpp leaves a family out of the scrape until it has a sample (no Allocate yet, no Fabric Manager on
+// this node), so a dashboard or alert naming it could not be told from one with a typo. Each family without a
+// sample is listed by its HELP and TYPE lines alone, which Prometheus accepts and stores nothing for.
+class Metrics::AllFamilies final : public prometheus::Collectable {
+ public:
+  AllFamilies(std::shared_ptr<prometheus::Registry> registry, const std::vector<prometheus::MetricFamily>* declared)
+      : registry_(std::move(registry)), declared_(declared) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    std::set<std::string> sampled;
+    for (const prometheus::MetricFamily& family : families) sampled.insert(family.name);
+    for (const prometheus::MetricFamily& family : *declared_) {
+      if (!sampled.contains(family.name)) families.push_back(family);
+    }
+    return families;
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  const std::vector<prometheus::MetricFamily>* declared_;  // filled by Metrics' constructor, read-only after
+};
+
+template <typename T>
+prometheus::Family<T>& Metrics::Declare(const std::string& name, const std::string& help) {
+  declared_.push_back({.name = name, .help = help, .type = T::metric_type, .metric = {}});
+  return prometheus::detail::Builder<T>().Name(name).Help(help).Register(*registry_);
+}
+
 Metrics::Metrics()
-    : devices_(BuildGauge()
-                   .Name("vfio_gpu_agent_devices")
-                   .Help("Selected GPUs by resource and state (healthy, unhealthy, unbound)")
-                   .Register(*registry_)),
-      binds_(BuildCounter()
-                 .Name("vfio_gpu_agent_binds_total")
-                 .Help("Bind attempts of one function by outcome")
-                 .Register(*registry_)),
-      bind_failures_(BuildCounter()
-                         .Name("vfio_gpu_agent_bind_failures_total")
-                         .Help("Failed or blocked binds by reason")
-                         .Register(*registry_)),
-      registrations_(BuildGauge()
-                         .Name("vfio_gpu_agent_registrations")
-                         .Help("Successful Register calls with the kubelet, by resource")
-                         .Register(*registry_)),
-      kubelet_restarts_(BuildCounter()
-                            .Name("vfio_gpu_agent_kubelet_restarts_total")
-                            .Help("Kubelet restarts seen (kubelet.sock re-created after a registration)")
-                            .Register(*registry_)
+    : devices_(Declare<prometheus::Gauge>("vfio_gpu_agent_devices",
+                                          "Selected GPUs by resource and state (healthy, unhealthy, unbound)")),
+      binds_(Declare<prometheus::Counter>("vfio_gpu_agent_binds_total", "Bind attempts of one function by outcome")),
+      bind_failures_(Declare<prometheus::Counter>("vfio_gpu_agent_bind_failures_total",
+                                                  "Failed or blocked binds by reason")),
+      registrations_(Declare<prometheus::Gauge>("vfio_gpu_agent_registrations",
+                                                "Successful Register calls with the kubelet, by resource")),
+      kubelet_restarts_(Declare<prometheus::Counter>("vfio_gpu_agent_kubelet_restarts_total",
+                                                     "Kubelet restarts seen (kubelet.sock re-created after a "
+                                                     "registration)")
                             .Add({})),
-      last_reconcile_(BuildGauge()
-                          .Name("vfio_gpu_agent_last_reconcile_timestamp_seconds")
-                          .Help("Unix time of the last finished reconcile pass")
-                          .Register(*registry_)
+      last_reconcile_(Declare<prometheus::Gauge>("vfio_gpu_agent_last_reconcile_timestamp_seconds",
+                                                 "Unix time of the last finished reconcile pass")
                           .Add({})),
-      reconcile_seconds_(BuildGauge()
-                             .Name("vfio_gpu_agent_reconcile_duration_seconds")
-                             .Help("Duration of the last reconcile pass")
-                             .Register(*registry_)
+      reconcile_seconds_(Declare<prometheus::Gauge>("vfio_gpu_agent_reconcile_duration_seconds",
+                                                    "Duration of the last reconcile pass")
                              .Add({})),
-      ready_(BuildGauge()
-                 .Name("vfio_gpu_agent_ready")
-                 .Help("1 when every selected GPU is bound, healthy, registered and allocatable")
-                 .Register(*registry_)
+      ready_(Declare<prometheus::Gauge>("vfio_gpu_agent_ready",
+                                        "1 when every selected GPU is bound, healthy, registered and allocatable")
                  .Add({})),
-      not_ready_(BuildGauge()
-                     .Name("vfio_gpu_agent_not_ready")
-                     .Help("1 for the check that makes the node not ready")
-                     .Register(*registry_)),
-      allocations_(BuildCounter()
-                       .Name("vfio_gpu_agent_allocations_total")
-                       .Help("Allocate calls from the kubelet by resource and result")
-                       .Register(*registry_)),
-      allocate_seconds_(BuildHistogram()
-                            .Name("vfio_gpu_agent_allocate_duration_seconds")
-                            .Help("Time the plugin spent in Allocate")
-                            .Register(*registry_)),
-      validation_(BuildGauge()
-                      .Name("vfio_gpu_agent_validation_result")
-                      .Help("1 for each check's current result (pass, warn, fail, skip) by check id and subject")
-                      .Register(*registry_)),
-      api_(BuildGauge()
-               .Name("vfio_gpu_agent_kube_api")
-               .Help("Kubernetes API client counters since start (requests, failures, condition patches, events)")
-               .Register(*registry_)),
-      api_pending_writes_(BuildGauge()
-                              .Name("vfio_gpu_agent_kube_api_pending_writes")
-                              .Help("Writes the API server has not accepted yet, in flight included (the node "
-                                    "condition, distinct events)")
-                              .Register(*registry_)
+      not_ready_(Declare<prometheus::Gauge>("vfio_gpu_agent_not_ready",
+                                            "1 for the check that makes the node not ready")),
+      allocations_(Declare<prometheus::Counter>("vfio_gpu_agent_allocations_total",
+                                                "Allocate calls from the kubelet by resource and result")),
+      allocate_seconds_(Declare<prometheus::Histogram>("vfio_gpu_agent_allocate_duration_seconds",
+                                                       "Time the plugin spent in Allocate")),
+      validation_(Declare<prometheus::Gauge>("vfio_gpu_agent_validation_result",
+                                             "1 for each check's current result (pass, warn, fail, skip) by check id "
+                                             "and subject")),
+      api_(Declare<prometheus::Gauge>("vfio_gpu_agent_kube_api",
+                                      "Kubernetes API client counters since start (requests, failures, condition "
+                                      "patches, events)")),
+      api_pending_writes_(Declare<prometheus::Gauge>("vfio_gpu_agent_kube_api_pending_writes",
+                                                     "Writes the API server has not accepted yet, in flight included "
+                                                     "(the node condition, distinct events)")
                               .Add({})),
-      fabric_(BuildGauge()
-                  .Name("vfio_gpu_agent_fabric")
-                  .Help("Shared-NVSwitch mode: connected (1 while Fabric Manager answers), partitions_supported, "
-                        "partitions_active, reconnects")
-                  .Register(*registry_)),
-      partition_activations_(BuildCounter()
-                                 .Name("vfio_gpu_agent_fabric_partition_activations_total")
-                                 .Help("Partition activations for an Allocate or a DRA claim's Prepare, by result "
-                                       "and FM status")
-                                 .Register(*registry_)),
-      partition_releases_(BuildCounter()
-                              .Name("vfio_gpu_agent_fabric_partition_releases_total")
-                              .Help("Partitions deactivated (no pod held them, their DRA claim ended, or an "
-                                    "overlapping one was wanted)")
-                              .Register(*registry_)
-                              .Add({})) {}
+      fabric_(Declare<prometheus::Gauge>("vfio_gpu_agent_fabric",
+                                         "Shared-NVSwitch mode: connected (1 while Fabric Manager answers), "
+                                         "partitions_supported, partitions_active, reconnects")),
+      partition_activations_(Declare<prometheus::Counter>("vfio_gpu_agent_fabric_partition_activations_total",
+                                                          "Partition activations for an Allocate or a DRA claim's "
+                                                          "Prepare, by result and FM status")),
+      partition_releases_(Declare<prometheus::Counter>("vfio_gpu_agent_fabric_partition_releases_total",
+                                                       "Partitions deactivated (no pod held them, their DRA claim "
+                                                       "ended, or an overlapping one was wanted)")
+                              .Add({})),
+      // Set once: a restart of the agent's container shows as a new value (changes() over a window).
+      start_time_(Declare<prometheus::Gauge>("vfio_gpu_agent_start_time_seconds",
+                                             "Unix time this agent process started")
+                      .Add({})),
+      vgpu_config_(Declare<prometheus::Gauge>("vfio_gpu_agent_vgpu_config_state",
+                                              "1 for the vGPU profile config's current outcome on the node (success, "
+                                              "pending, failed)")),
+      prepare_seconds_(Declare<prometheus::Histogram>("vfio_gpu_agent_dra_prepare_duration_seconds",
+                                                      "DRA NodePrepareResources calls, from the kubelet's call to the "
+                                                      "answer, by result")) {
+  start_time_.Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
 
 Metrics::~Metrics() = default;
 
@@ -101,7 +107,8 @@ absl::Status Metrics::Listen(const std::string& host, int port) {
   const std::string address = absl::StrCat(host, ":", port);
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-    exposer->RegisterCollectable(registry_);
+    all_families_ = std::make_shared<AllFamilies>(registry_, &declared_);
+    exposer->RegisterCollectable(all_families_);
     exposer_ = std::move(exposer);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("metrics on ", address, ": ", e.what()));
@@ -190,5 +197,21 @@ void Metrics::CountPartitionActivation(bool ok, const std::string& fm_status) {
 }
 
 void Metrics::CountPartitionRelease() { partition_releases_.Increment(); }
+
+void Metrics::SetVgpuConfigState(const std::string& state) {
+  std::lock_guard lock(mu_);
+  for (prometheus::Gauge* gauge : vgpu_config_gauges_) vgpu_config_.Remove(gauge);
+  vgpu_config_gauges_.clear();
+  if (state.empty()) return;
+  prometheus::Gauge& gauge = vgpu_config_.Add({{"state", state}});
+  gauge.Set(1);
+  vgpu_config_gauges_.push_back(&gauge);
+}
+
+void Metrics::OnPrepare(bool ok, std::chrono::nanoseconds duration) {
+  // A Prepare that binds (--bind-on-prepare) takes seconds; one of a GPU already on vfio-pci, milliseconds.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {1e-3, 1e-2, 0.1, 0.5, 1, 2, 5, 10, 30};
+  prepare_seconds_.Add({{"result", ok ? "ok" : "failed"}}, kBuckets).Observe(Seconds(duration));
+}
 
 }  // namespace vfio_agent::daemon::internal

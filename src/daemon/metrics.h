@@ -14,6 +14,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
@@ -43,13 +44,23 @@ class Metrics final : public plugin::AgentObserver {
   void SetFabric(const fabric::FabricStatus& status);
   void CountPartitionActivation(bool ok, const std::string& fm_status);
   void CountPartitionRelease();
+  // The vGPU profile config's outcome on the node (success, pending, failed; "" when none is chosen): 1 for it.
+  void SetVgpuConfigState(const std::string& state);
+  // One NodePrepareResources call of the DRA driver.
+  void OnPrepare(bool ok, std::chrono::nanoseconds duration);
 
   // plugin::AgentObserver
   void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) override;
   void OnKubeletRestart() override;
 
  private:
+  class AllFamilies;
+  template <typename T>
+  prometheus::Family<T>& Declare(const std::string& name, const std::string& help);
+
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  std::vector<prometheus::MetricFamily> declared_;  // every family, without samples (AllFamilies); before them
+  std::shared_ptr<AllFamilies> all_families_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Gauge>& devices_;
   prometheus::Family<prometheus::Counter>& binds_;
@@ -68,9 +79,12 @@ class Metrics final : public plugin::AgentObserver {
   prometheus::Family<prometheus::Gauge>& fabric_;
   prometheus::Family<prometheus::Counter>& partition_activations_;
   prometheus::Counter& partition_releases_;
+  prometheus::Gauge& start_time_;
+  prometheus::Family<prometheus::Gauge>& vgpu_config_;
+  prometheus::Family<prometheus::Histogram>& prepare_seconds_;
 
   std::mutex mu_;  // the label sets below are replaced as a whole
-  std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_;
+  std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_, vgpu_config_gauges_;
 };
 
 }  // namespace vfio_agent::daemon::internal

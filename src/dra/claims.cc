@@ -715,6 +715,11 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
     entry = ToResponse(*prepared);
     prepared_[claim.uid()] = *std::move(prepared);
   }
+  if (options_.on_prepare) {
+    bool ok = true;
+    for (const auto& [uid, entry] : response.claims()) ok = ok && entry.error().empty();
+    options_.on_prepare(ok, absl::ToChronoNanoseconds(absl::Now() - call_start));
+  }
   return response;
 }
 

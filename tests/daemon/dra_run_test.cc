@@ -220,6 +220,9 @@ TEST(DraRunTest, WithFabricManagerAClaimsPartitionIsAnEventAndCountedWhenActivat
   auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   ASSERT_EQ(prepared->claims().at("uid-1").error(), "");
+  // The call's latency, from the driver's on_prepare.
+  EXPECT_TRUE(dra.run->WaitMetric("vfio_gpu_agent_dra_prepare_duration_seconds_count{result=\"ok\"} 1"))
+      << dra.run->Metrics();
   EXPECT_EQ(vfio_agent::testing::SnapshotFakeFm(fm).active, std::set<uint32_t>{3});
   const std::string p3 = absl::StrCat("P3 [", Module(1), ",", Module(2), "]");  // PCI order
   EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("PartitionActivated", "of claim vms/vm (uid-1)").empty(); }))

@@ -109,6 +109,10 @@ struct DriverOptions {
   // How often Fabric Manager is read (its restarts followed, the attributes republished when its partitions change).
   std::chrono::milliseconds fabric_interval{5000};
   FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the driver
+  // Told how long each NodePrepareResources call took, from the kubelet's call to the answer, and whether every
+  // claim in it was prepared (`run`'s metrics). Called on the gRPC thread serving the call, under the driver's
+  // call lock: it must not block.
+  std::function<void(bool ok, std::chrono::nanoseconds duration)> on_prepare;
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).
