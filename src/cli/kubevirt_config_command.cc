@@ -183,7 +183,7 @@ int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out) {
       return kExitError;
     }
     const auto models = validation::DraModels(*ids, resolver);
-    out << validation::DraConfigYaml(models, driver, *partition_sizes);
+    out << validation::DraConfigYaml(models, driver, *partition_sizes, /*iommufd_classes=*/true);
     none = models.empty();
   } else {
     const auto entries = validation::PermittedEntries(*ids, resolver);

@@ -128,6 +128,10 @@ std::vector<FlagSpec> DraFlags() {
        "with --kubelet-api dra: GPUs stay on their host driver until a claim needs them; Prepare binds the claim's "
        "IOMMU groups to vfio-pci and Unprepare returns each function to the driver it had before",
        "off"},
+      {"dra-taint-no-execute", "",
+       "with --kubelet-api dra: a GPU that is gone (left sysfs, or its config space reads 0xffff) is tainted "
+       "NoExecute, which evicts the VMs holding it, instead of NoSchedule",
+       "off"},
   };
 }
 
@@ -156,6 +160,7 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   options.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", options.plugins_dir.string());
   options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
   options.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
+  options.taints.no_execute_when_gone = cmd.flags.GetBool("dra-taint-no-execute");
   options.paths = cmd.common.paths;
   options.policy = cmd.common.policy;
   // The pool's name is the Node's: slices published under a host name that is not the Node's serve no pod.

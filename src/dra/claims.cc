@@ -17,6 +17,7 @@
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/dra/device_names.h"
+#include "vfio_gpu_agent/dra/vfio_backend.h"
 #include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::dra::internal {
@@ -489,6 +490,9 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   if (ours.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(ref, ": no device allocated to driver ", options_.driver_name));
   }
+  // The requests' DeviceClasses choose the VFIO backend, the same for every device of the claim.
+  const absl::StatusOr<pci::VfioBackend> backend = ClaimBackend(ours, options_.driver_name, ref);
+  if (!backend.ok()) return backend.status();
 
   PreparedClaim prepared{.namespace_name = claim->namespace_name,
                          .name = claim->name,
@@ -582,7 +586,10 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     cdi::v1::Device* cdi_device = spec.add_devices();
     cdi_device->set_name(cdi_name);
     cdi::v1::ContainerEdits* edits = cdi_device->mutable_container_edits();
-    AddCdiNodes(pci::VfioDeviceNodes(fn->vfio_cdevs, fn->iommu_group, iommufd), edits);
+    absl::StatusOr<std::vector<std::string>> nodes =
+        pci::VfioBackendNodes(*backend, fn->vfio_cdevs, fn->iommu_group, iommufd, absl::StrCat(ref, ": ", *bdf));
+    if (!nodes.ok()) return nodes.status();
+    AddCdiNodes(*nodes, edits);
     prepared.devices.push_back({.request = BaseRequest(result->request),
                                 .pool = result->pool,
                                 .device = result->device,

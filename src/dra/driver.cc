@@ -120,7 +120,7 @@ class Driver::Impl {
       watch_.Wake();
     });
     Rescan();  // the health stream's first message is the real list, never an empty one
-    auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
+    auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_, health_.v1()});
     if (!dra.ok()) return dra.status();
     dra_server_ = *std::move(dra);
     auto registration = ServeOn(RegistrationSocket(options_), {&registration_});
@@ -221,6 +221,8 @@ class Driver::Impl {
       fabric_.AddAttributes(&next);
       fabric_.MarkUnusable(&next);
     }
+    ApplyHealthTaints(&next, options_.driver_name, options_.paths, options_.taints,
+                      /*whole_gpus=*/options_.workload != Workload::kVmVgpu);
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
     {

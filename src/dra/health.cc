@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <optional>
+#include <type_traits>
 
 #include "spdlog/spdlog.h"
+#include "vfio_gpu_agent/dra/taints.h"
 
 namespace vfio_agent::dra::internal {
 
@@ -24,7 +26,8 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
     entry->set_health(device.healthy() ? health::HEALTHY : health::UNHEALTHY);
     entry->set_last_updated_time(now_unix);
     entry->set_health_check_timeout_seconds(kHealthCheckTimeoutSeconds);
-    entry->set_message(device.unhealthy_reason.substr(0, kMaxMessage));
+    // The reason a failure taint's key and value are made from, or the warnings a None taint carries.
+    entry->set_message((device.healthy() ? WarningText(device) : device.unhealthy_reason).substr(0, kMaxMessage));
   }
   return message;
 }
@@ -32,6 +35,18 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
 ::grpc::Status HealthService::NodeWatchResources(::grpc::ServerContext* context,
                                                  const health::NodeWatchResourcesRequest*,
                                                  ::grpc::ServerWriter<health::NodeWatchResourcesResponse>* writer) {
+  return Stream(context, writer, "v1alpha1");
+}
+
+::grpc::Status HealthService::V1::NodeWatchResources(::grpc::ServerContext* context,
+                                                     const ::v1::NodeWatchResourcesRequest*,
+                                                     ::grpc::ServerWriter<::v1::NodeWatchResourcesResponse>* writer) {
+  return source_.Stream(context, writer, "v1");
+}
+
+template <typename Response>
+::grpc::Status HealthService::Stream(::grpc::ServerContext* context, ::grpc::ServerWriter<Response>* writer,
+                                     const char* version) {
   const std::string peer = context->peer();
   std::unique_lock lock(mu_);
   if (closed_) return {::grpc::StatusCode::UNAVAILABLE, "the DRA driver is stopping"};
@@ -39,7 +54,7 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
   const uint64_t opened = ++streams_opened_;
   changed_.notify_all();  // an older stream of a kubelet that went away ends now
   lock.unlock();
-  spdlog::info("DRA health stream opened by {}", peer);
+  spdlog::info("DRA health stream ({}) opened by {}", version, peer);
   lock.lock();
   Message sent;
   std::string ended = "the kubelet cancelled it";
@@ -64,7 +79,12 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
     if (latest_ == sent) continue;
     sent = latest_;
     lock.unlock();
-    const bool written = writer->Write(*sent);
+    bool written;
+    if constexpr (std::is_same_v<Response, ::v1::NodeWatchResourcesResponse>) {
+      written = writer->Write(sent->v1);
+    } else {
+      written = writer->Write(sent->v1alpha1);
+    }
     lock.lock();
     if (!written) {
       ended = "a write failed";
@@ -73,12 +93,18 @@ health::NodeWatchResourcesResponse HealthMessage(const std::vector<GpuDevice>& d
   }
   --open_streams_;
   lock.unlock();
-  spdlog::info("DRA health stream of {} ended: {}", peer, ended);
+  spdlog::info("DRA health stream ({}) of {} ended: {}", version, peer, ended);
   return ::grpc::Status::OK;
 }
 
 void HealthService::Publish(health::NodeWatchResourcesResponse message) {
-  auto shared = std::make_shared<const health::NodeWatchResourcesResponse>(std::move(message));
+  auto lists = std::make_shared<Lists>();
+  // Same fields and numbers: v1 reads v1alpha1's bytes whole (checked by the proto test).
+  if (!lists->v1.ParseFromString(message.SerializeAsString())) {
+    spdlog::error("DRA health: a device list does not carry over to dra-health v1; v1 streams keep the last one");
+  }
+  lists->v1alpha1 = std::move(message);
+  Message shared = std::move(lists);
   std::lock_guard lock(mu_);
   latest_ = std::move(shared);
   changed_.notify_all();

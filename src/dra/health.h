@@ -1,5 +1,6 @@
-// v1alpha1.DRAResourceHealth (KEP-4680) on the driver's dra.sock: NodeWatchResources streams stay open, each
-// message is the driver's complete device list, and every stream gets a new one when the list changes.
+// DRAResourceHealth (KEP-4680) on the driver's dra.sock, as v1 (the 1.37 kubelet) and v1alpha1 (1.36) from one
+// source: NodeWatchResources streams stay open, each message is the driver's complete device list, and every
+// stream of either version gets a new one when the list changes.
 #pragma once
 
 #include <condition_variable>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dra-health/v1/api.grpc.pb.h"
 #include "dra-health/v1alpha1/api.grpc.pb.h"
 #include "vfio_gpu_agent/dra/devices.h"
 
@@ -36,14 +38,38 @@ class HealthService final : public ::v1alpha1::DRAResourceHealth::Service {
   ::grpc::Status NodeWatchResources(::grpc::ServerContext* context, const ::v1alpha1::NodeWatchResourcesRequest* request,
                                     ::grpc::ServerWriter<::v1alpha1::NodeWatchResourcesResponse>* writer) override;
 
+  // The same streams under v1's names; register it beside this one (it lives as long as this one).
+  ::grpc::Service* v1() { return &v1_; }
+
   // The list every open stream sends next (a newer list replaces one not yet sent), and a new stream first.
   void Publish(::v1alpha1::NodeWatchResourcesResponse message);
   // Ends every stream with OK and refuses new ones: a server's Shutdown waits for open streams.
   void CloseAll();
-  int open_streams() const;
+  int open_streams() const;  // of both versions
 
  private:
-  using Message = std::shared_ptr<const ::v1alpha1::NodeWatchResourcesResponse>;
+  // One published list in both versions' messages (the same fields and numbers), converted once per list.
+  struct Lists {
+    ::v1alpha1::NodeWatchResourcesResponse v1alpha1;
+    ::v1::NodeWatchResourcesResponse v1;
+  };
+  using Message = std::shared_ptr<const Lists>;
+
+  class V1 final : public ::v1::DRAResourceHealth::Service {
+   public:
+    explicit V1(HealthService& source) : source_(source) {}
+    ::grpc::Status NodeWatchResources(::grpc::ServerContext* context, const ::v1::NodeWatchResourcesRequest* request,
+                                      ::grpc::ServerWriter<::v1::NodeWatchResourcesResponse>* writer) override;
+
+   private:
+    HealthService& source_;
+  };
+
+  // The stream both versions run; `version` names it in the log.
+  template <typename Response>
+  ::grpc::Status Stream(::grpc::ServerContext* context, ::grpc::ServerWriter<Response>* writer, const char* version);
+
+  V1 v1_{*this};
 
   mutable std::mutex mu_;
   std::condition_variable changed_;  // latest_, closed_ or streams_opened_

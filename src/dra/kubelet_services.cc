@@ -26,7 +26,7 @@ grpc::Status Convert(const From& from, To* to) {
   info.set_type(std::string(kPluginType));
   info.set_name(options.driver_name);
   info.set_endpoint(DraSocket(options).string());
-  for (std::string_view service : {kServiceV1, kServiceV1beta1, kServiceHealthV1alpha1}) {
+  for (std::string_view service : {kServiceV1, kServiceV1beta1, kServiceHealthV1, kServiceHealthV1alpha1}) {
     info.add_supported_versions(std::string(service));
   }
   return info;

@@ -1,5 +1,7 @@
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
 #include "config.h"
@@ -56,6 +58,21 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
       if (value.is_string()) claim.annotations[key] = value.get<std::string>();
     }
   }
+  // Request name ("req", or "req/sub" for a firstAvailable choice) -> its DeviceClass, to name each result's.
+  std::map<std::string, std::string> classes;
+  if (object.contains("spec") && object["spec"].is_object() && object["spec"].contains("devices") &&
+      object["spec"]["devices"].is_object() && object["spec"]["devices"].contains("requests") &&
+      object["spec"]["devices"]["requests"].is_array()) {
+    for (const Json& request : object["spec"]["devices"]["requests"]) {
+      const std::string request_name = StringAt(request, "name");
+      if (request.contains("exactly")) classes[request_name] = StringAt(request["exactly"], "deviceClassName");
+      if (request.contains("firstAvailable") && request["firstAvailable"].is_array()) {
+        for (const Json& sub : request["firstAvailable"]) {
+          classes[absl::StrCat(request_name, "/", StringAt(sub, "name"))] = StringAt(sub, "deviceClassName");
+        }
+      }
+    }
+  }
   const Json* allocation = nullptr;
   if (object.contains("status") && object["status"].is_object() && object["status"].contains("allocation") &&
       object["status"]["allocation"].is_object()) {
@@ -69,6 +86,9 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
                                .driver = StringAt(result, "driver"),
                                .pool = StringAt(result, "pool"),
                                .device = StringAt(result, "device")});
+      if (auto it = classes.find(claim.results.back().request); it != classes.end()) {
+        claim.results.back().device_class = it->second;
+      }
     }
   }
   if (object.contains("status") && object["status"].is_object() && object["status"].contains("reservedFor") &&

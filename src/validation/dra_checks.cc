@@ -15,6 +15,7 @@
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/devices.h"
 #include "vfio_gpu_agent/dra/registration_record.h"
+#include "vfio_gpu_agent/dra/taints.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
 
 namespace vfio_agent::validation {
@@ -139,8 +140,10 @@ Check SlicesCheck(const DraExpectedDevices& expected_devices, const DraValidatio
   const std::string& driver = dra.driver.driver_name;
   if (auto unread = UnreadCheck("dra.slices", "node", dra.slices, "the node's ResourceSlices")) return *unread;
   const std::set<std::string> expected(expected_devices.names.begin(), expected_devices.names.end());
-  const std::string taint_key = dra::UnhealthyTaint(driver).key;
-  std::set<std::string> published, tainted;
+  // The driver's failure taints (one key per kind, taints.h): what blocks scheduling, the None warnings aside.
+  const std::vector<std::string> failure_keys = dra::FailureTaintKeys(driver);
+  std::set<std::string> published;
+  std::map<std::string, std::set<std::string>> tainted;  // device -> failure keys published on it
   int slices = 0;
   for (const Json& slice : Items(*dra.slices->body)) {
     if (JsonString(slice, "/spec/driver"_json_pointer) != driver) continue;
@@ -151,7 +154,11 @@ Check SlicesCheck(const DraExpectedDevices& expected_devices, const DraValidatio
       published.insert(name);
       if (!device.contains("taints") || !device["taints"].is_array()) continue;
       for (const Json& taint : device["taints"]) {
-        if (JsonString(taint, "/key"_json_pointer) == taint_key) tainted.insert(name);
+        const std::string key = JsonString(taint, "/key"_json_pointer);
+        if (JsonString(taint, "/effect"_json_pointer) != "None" &&
+            std::find(failure_keys.begin(), failure_keys.end(), key) != failure_keys.end()) {
+          tainted[name].insert(key);
+        }
       }
     }
   }
@@ -200,9 +207,16 @@ Check SlicesCheck(const DraExpectedDevices& expected_devices, const DraValidatio
   for (const std::string& name : expected) {
     auto reason = expected_devices.unhealthy.find(name);
     const bool unhealthy = reason != expected_devices.unhealthy.end();
-    if (unhealthy == tainted.contains(name)) continue;
-    health.push_back(unhealthy ? absl::StrCat(name, " untainted, unhealthy here (", reason->second, ")")
-                               : absl::StrCat(name, " tainted ", taint_key, ", healthy here"));
+    const std::set<std::string>& keys = tainted[name];
+    if (!unhealthy) {
+      if (!keys.empty()) health.push_back(absl::StrCat(name, " tainted ", absl::StrJoin(keys, ","), ", healthy here"));
+      continue;
+    }
+    const std::string kind = dra::FailureTaint(driver, reason->second).key;
+    if (keys.contains(kind)) continue;
+    health.push_back(keys.empty() ? absl::StrCat(name, " untainted, unhealthy here (", reason->second, ")")
+                                  : absl::StrCat(name, " tainted ", absl::StrJoin(keys, ","), ", unhealthy here as ",
+                                                 kind, " (", reason->second, ")"));
   }
   if (!health.empty()) {
     evidence.push_back({"the driver's health rule here", absl::StrJoin(health, "; ")});

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "vfio_gpu_agent/dra/attributes.h"
+#include "vfio_gpu_agent/dra/vfio_backend.h"
 
 namespace vfio_agent::validation {
 namespace {
@@ -39,20 +40,21 @@ std::string TemplateName(const DraModel& model, int count) {
   return count == 1 ? ModelLabel(model.resource_name) : absl::StrCat(ModelLabel(model.resource_name), "-x", count);
 }
 
-std::string DeviceClassYaml(const DraModel& model, const std::string& driver) {
+std::string DeviceClassYaml(const DraModel& model, const std::string& driver, bool iommufd = false) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "apiVersion" << YAML::Value << kApiVersion;
   out << YAML::Key << "kind" << YAML::Value << "DeviceClass";
   out << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << DeviceClassName(model.resource_name, driver);
+  out << YAML::Key << "name" << YAML::Value
+      << (iommufd ? IommufdDeviceClassName(model.resource_name, driver) : DeviceClassName(model.resource_name, driver));
   out << YAML::EndMap;
   out << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "selectors" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
   out << YAML::Key << "cel" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "expression" << YAML::Value << DeviceClassSelector(model.resource_name, driver);
   out << YAML::EndMap << YAML::EndMap << YAML::EndSeq;
-  out << YAML::Key << "extendedResourceName" << YAML::Value << model.resource_name;
+  if (!iommufd) out << YAML::Key << "extendedResourceName" << YAML::Value << model.resource_name;
   out << YAML::EndMap << YAML::EndMap;
   return absl::StrCat(out.c_str(), "\n");
 }
@@ -186,24 +188,32 @@ std::string DeviceClassName(const std::string& resource_name, const std::string&
   return absl::StrCat(ModelLabel(resource_name), ".", driver);
 }
 
+std::string IommufdDeviceClassName(const std::string& resource_name, const std::string& driver) {
+  return absl::StrCat(ModelLabel(resource_name), std::string(dra::kIommufdClassSuffix), ".", driver);
+}
+
 std::string DeviceClassSelector(const std::string& resource_name, const std::string& driver) {
   return absl::StrCat("device.driver == \"", driver, "\" && device.attributes[\"", driver, "\"].",
                       std::string(dra::kResourceNameAttribute), " == \"", NamePart(resource_name), "\"");
 }
 
-std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::string& driver) {
+std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::string& driver, bool iommufd_classes) {
   std::vector<std::string> docs;
   docs.reserve(models.size());
-  for (const DraModel& model : models) docs.push_back(DeviceClassYaml(model, driver));
+  for (const DraModel& model : models) {
+    docs.push_back(DeviceClassYaml(model, driver));
+    if (iommufd_classes) docs.push_back(DeviceClassYaml(model, driver, /*iommufd=*/true));
+  }
   return absl::StrJoin(docs, "---\n");
 }
 
 std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver,
-                          const std::set<int>& partition_sizes) {
+                          const std::set<int>& partition_sizes, bool iommufd_classes) {
   const bool partitions = !partition_sizes.empty();
   std::vector<std::string> docs;
   for (const DraModel& model : models) {
     docs.push_back(DeviceClassYaml(model, driver));
+    if (iommufd_classes) docs.push_back(DeviceClassYaml(model, driver, /*iommufd=*/true));
     docs.push_back(ClaimTemplateYaml(model, 1, driver, partitions));
     for (int count : MultiGpuCounts(model, partition_sizes)) {
       docs.push_back(ClaimTemplateYaml(model, count, driver, partitions));
@@ -217,6 +227,10 @@ std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string
       "# through the class's extendedResourceName (Kubernetes >= 1.36, DRAExtendedResource); KubeVirt still wants\n"
       "# that name's permittedHostDevices entry (kubevirt-config --format cozystack or kubevirt-patch; for vGPU types\n"
       "# kubevirt-config --workload vm-vgpu).\n");
+  if (iommufd_classes) {
+    absl::StrAppend(&text, "# Each model's <model>-iommufd class hands the VM the iommufd nodes (/dev/vfio/devices/vfioN,\n"
+                           "# /dev/iommu) instead of the legacy group: only with KubeVirt >= 1.9 and its iommufd gate on.\n");
+  }
   if (partitions) {
     absl::StrAppend(&text, "# Fabric Manager partitions of ", absl::StrJoin(partition_sizes, ", "),
                     " GPUs: a claim of N GPUs is one partition,\n# its N requests tied by matchAttribute ", driver, "/",

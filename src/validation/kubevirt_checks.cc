@@ -7,6 +7,7 @@
 #include "cluster_check_util.h"
 #include "kubevirt_cr.h"
 #include "kubevirt_shared.h"
+#include "vfio_backend_checks.h"
 #include "vfio_gpu_agent/validation/kubevirt_config.h"
 
 namespace vfio_agent::validation {
@@ -252,6 +253,7 @@ std::vector<Check> KubevirtChecks(const NodeView& node, const std::optional<std:
   CheckFeatureGates(*cr, &out);
   CheckDuplicateSelectors(*cr, &out);
   CheckNameMismatch(*cr, node_names, &out);
+  out.push_back(VfioBackendCheck(node, *cr));
   return out;
 }
 

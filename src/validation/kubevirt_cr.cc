@@ -105,6 +105,7 @@ absl::StatusOr<KubevirtCr> Describe(const YAML::Node& object, int objects) {
   cr.name = ScalarOr(Walk(object, {"metadata", "name"}));
   cr.namespace_ = ScalarOr(Walk(object, {"metadata", "namespace"}));
 
+  cr.observed_version = ScalarOr(Walk(object, {"status", "observedKubeVirtVersion"}));
   for (auto [field, into] : {std::pair{"featureGates", &cr.feature_gates},
                              std::pair{"disabledFeatureGates", &cr.disabled_feature_gates}}) {
     const YAML::Node gates = Walk(object, {"spec", "configuration", "developerConfiguration", field});

@@ -40,6 +40,7 @@ struct KubevirtCr {
   std::vector<std::string> feature_gates;  // spec.configuration.developerConfiguration.featureGates
   // spec.configuration.developerConfiguration.disabledFeatureGates: turns off a Beta gate (on by default)
   std::vector<std::string> disabled_feature_gates;
+  std::string observed_version;  // status.observedKubeVirtVersion ("v1.9.0"); "" before the operator reports one
 };
 
 // InvalidArgument for text that is not YAML/JSON (with the parser's line), NotFound when it holds no object of

@@ -330,7 +330,8 @@ def cmd_render(c, args):
                   dict(own, dra=True))
     if docs:
         classes = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass")
-        c.check(classes == ["a10.gpus.example.org", "h200.gpus.example.org"], f"[dra values] DeviceClasses {classes}")
+        c.check(classes == ["a10-iommufd.gpus.example.org", "a10.gpus.example.org", "h200-iommufd.gpus.example.org",
+                            "h200.gpus.example.org"], f"[dra values] DeviceClasses {classes}")
     # dra.bindOnPrepare: the flag, once, after --kubelet-api=dra (run refuses it without).
     docs = render("dra bindOnPrepare", ["-f", "values-dra.yaml", "--set", "dra.bindOnPrepare=true"], dict(own, dra=True))
     if docs:

@@ -417,7 +417,7 @@ def check_dra(c, where, spec, ctr, by_kind, mount_paths, defaults):
     domain = agent_setting(ctr, "--resource-domain", defaults) or "nvidia.com"
     c.check(bool(driver), f"{where} no --dra-driver-name: the DeviceClasses cannot be checked against the driver")
     c.check(len(classes) > 0, f"{where} no DeviceClass: no claim can name the driver's devices")
-    names, extended = set(), set()
+    names, extended, legacy, iommufd = set(), set(), set(), set()
     cel = re.compile(r'^device\.driver == "([^"]+)" && device\.attributes\["([^"]+)"\]\.resourceName == "([^"]+)"$')
     for dc in classes:
         name = dc["metadata"]["name"]
@@ -431,10 +431,18 @@ def check_dra(c, where, spec, ctr, by_kind, mount_paths, defaults):
                     f"{where} DeviceClass {name} selects driver {m.group(1)}/{m.group(2)}, the agent is {driver}")
             want = f"{domain}/{m.group(3)}"
             got = dc["spec"].get("extendedResourceName")
-            c.check(got == want, f"{where} DeviceClass {name}: extendedResourceName {got}, the model's resource is {want}")
-            extended.add(got)
-    c.check(len(names) == len(classes) and len(extended) == len(classes),
-            f"{where} DeviceClass names or extended resources repeated: one class per model")
+            # Two classes a model: <model>.<driver> (legacy VFIO, the model's extended resource) and
+            # <model>-iommufd.<driver> (iommufd), which has none: one extended resource names one class.
+            if name.endswith("-iommufd." + str(driver)):
+                c.check(got is None, f"{where} DeviceClass {name}: an iommufd class with extendedResourceName {got}")
+                iommufd.add(name[:-len("-iommufd." + str(driver))])
+            else:
+                c.check(got == want, f"{where} DeviceClass {name}: extendedResourceName {got}, the model's resource is {want}")
+                extended.add(got)
+                legacy.add(name[:-len("." + str(driver))])
+    c.check(len(names) == len(classes) and len(extended) == len(legacy),
+            f"{where} DeviceClass names or extended resources repeated: one legacy class per model")
+    c.check(iommufd == legacy, f"{where} models without both a legacy and an iommufd class: {sorted(iommufd ^ legacy)}")
 
 
 def cel_well_formed(expression):

@@ -138,10 +138,11 @@ TEST_F(DraDevicesTest, AnUnhealthyGpuCarriesANoScheduleTaintAndAGoneOneStaysUnti
 // The first message a health stream carries, and every change after it, through the kubelet's side.
 class DraHealthStreamTest : public DraDevicesTest {
  protected:
-  void StartNode() {
+  void StartNode(kubeletsim::dra::Options::HealthApi release = kubeletsim::dra::Options::HealthApi::k136) {
     driver_ = std::make_unique<Driver>(Options());
     ASSERT_TRUE(driver_->Start().ok());
-    kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = Options().registry_dir});
+    kubelet_ = std::make_unique<KubeletDraSim>(
+        kubeletsim::dra::Options{.registry_dir = Options().registry_dir, .health_api = release});
     ASSERT_TRUE(kubelet_->Start().ok());
     ASSERT_TRUE(kubelet_->WaitFor([](const KubeletDraSim& k) { return k.Count("health-message") > 0; }, 30s));
   }
@@ -191,6 +192,27 @@ TEST_F(DraHealthStreamTest, TheKubeletGetsEveryDeviceAndEveryChangeOnOneOpenStre
   EXPECT_EQ(kubelet_->Count("health-stream"), 1);
   EXPECT_EQ(kubelet_->Count("health-end"), 0);
   EXPECT_EQ(driver_->Devices().size(), 2u);
+}
+
+// Kubernetes 1.37 prefers dra-health v1 when the driver lists it; 1.36 knows v1alpha1 only. One list feeds both.
+TEST_F(DraHealthStreamTest, A137KubeletGetsItsStreamOnV1AndA136KubeletOnV1alpha1) {
+  using Release = kubeletsim::dra::Options::HealthApi;
+  for (Release release : {Release::k137, Release::k136}) {
+    const std::string service = release == Release::k137 ? "v1.DRAResourceHealth" : "v1alpha1.DRAResourceHealth";
+    SCOPED_TRACE(service);
+    tree_.BindDriver(kGpuB, "vfio-pci");
+    std::ofstream(dir_.path() / "dev/vfio/11");
+    StartNode(release);
+    EXPECT_EQ(kubelet_->Plugins().at(kHealthDriver).health_service, service);
+    EXPECT_TRUE(HealthIs({{"gpu-0000-18-00-0", "HEALTHY"}, {"gpu-0000-9a-00-0", "HEALTHY"}}));
+    tree_.BindDriver(kGpuB, "nvidia");
+    std::filesystem::remove(dir_.path() / "dev/vfio/11");
+    EXPECT_TRUE(HealthIs({{"gpu-0000-18-00-0", "HEALTHY"}, {"gpu-0000-9a-00-0", "UNHEALTHY: driver nvidia"}}));
+    EXPECT_EQ(kubelet_->Count("health-end"), 0);  // the driver serves the version this kubelet opened
+    EXPECT_EQ(driver_->HealthStreams(), 1);
+    kubelet_.reset();
+    driver_.reset();
+  }
 }
 
 TEST_F(DraHealthStreamTest, StopEndsTheStreamAndAKubeletRestartOpensANewOne) {
@@ -249,7 +271,9 @@ class DraSlicesTest : public DraHealthStreamTest {
       for (const nlohmann::json& device : slice["spec"].value("devices", nlohmann::json::array())) {
         std::string taints;
         for (const nlohmann::json& taint : device.value("taints", nlohmann::json::array())) {
-          taints += taint.value("key", "") + ":" + taint.value("effect", "");
+          if (!taints.empty()) taints += ",";
+          taints += taint.value("key", "") + (taint.contains("value") ? "=" + taint.value("value", "") : "") + ":" +
+                    taint.value("effect", "");
         }
         devices[device.value("name", "")] = taints;
       }
@@ -289,13 +313,14 @@ TEST_F(DraSlicesTest, OneDevicePerGpuInTheNodesPoolTaintedWhileUnhealthyAndNoWri
   EXPECT_EQ(device["attributes"]["gpu.vfio-agent.cozystack.io/resourceName"]["string"], "GH100_H200_SXM_141GB");
   EXPECT_EQ(device["attributes"]["gpu.vfio-agent.cozystack.io/iommuGroup"]["int"], 10);
 
-  // Unbound: tainted NoSchedule (never NoExecute); back on vfio-pci: untainted.
+  // Unbound: tainted NoSchedule (never NoExecute) under its kind's key, the driver it is on as the value; back on
+  // vfio-pci: untainted.
   tree_.BindDriver(kGpuB, "nvidia");
   std::filesystem::remove(dir_.path() / "dev/vfio/11");
   EXPECT_TRUE(testing::WaitUntil([&] {
     return SliceDevices() == std::map<std::string, std::string>{
                                  {"gpu-0000-18-00-0", ""},
-                                 {"gpu-0000-9a-00-0", "gpu.vfio-agent.cozystack.io/unhealthy:NoSchedule"}};
+                                 {"gpu-0000-9a-00-0", "gpu.vfio-agent.cozystack.io/not-vfio=nvidia:NoSchedule"}};
   }));
   tree_.BindDriver(kGpuB, "vfio-pci");
   std::ofstream(dir_.path() / "dev/vfio/11");
@@ -309,6 +334,47 @@ TEST_F(DraSlicesTest, OneDevicePerGpuInTheNodesPoolTaintedWhileUnhealthyAndNoWri
   ASSERT_TRUE(testing::WaitUntil([&] { return Lists() >= lists + 2; }));
   EXPECT_EQ(Writes(), writes);
   EXPECT_EQ(SliceDevices(), healthy);
+}
+
+// One key per failure kind with a value that says which; a warning that does not stop a VM is a None taint (and
+// the health stream's message); a gone GPU is NoSchedule unless the operator asked for NoExecute.
+TEST_F(DraSlicesTest, EachFailureKindHasItsKeyWarningsAreNoneAndNoExecuteOnlyWhenAskedForAGoneGpu) {
+  for (const bool no_execute : {false, true}) {
+    SCOPED_TRACE(no_execute ? "--dra-taint-no-execute" : "default");
+    DriverOptions options = Options();
+    options.taints.no_execute_when_gone = no_execute;
+    // GPU A has no reset method (the kernel then shows neither reset nor reset_method).
+    const std::filesystem::path a = dir_.path() / "sys/bus/pci/devices" / kGpuA;
+    std::filesystem::remove(a / "reset_method");
+    std::filesystem::remove(a / "reset");
+    driver_ = std::make_unique<Driver>(options);
+    ASSERT_TRUE(driver_->Start().ok());
+    kubelet_ = std::make_unique<KubeletDraSim>(kubeletsim::dra::Options{.registry_dir = options.registry_dir});
+    ASSERT_TRUE(kubelet_->Start().ok());
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      return SliceDevices() == std::map<std::string, std::string>{
+                                   {"gpu-0000-18-00-0", "gpu.vfio-agent.cozystack.io/no-reset-method=none:None"},
+                                   {"gpu-0000-9a-00-0", ""}};
+    }));
+    EXPECT_TRUE(HealthIs({{"gpu-0000-18-00-0", "HEALTHY: warning gpu.vfio-agent.cozystack.io/no-reset-method=none"},
+                          {"gpu-0000-9a-00-0", "HEALTHY"}}));
+
+    Unplug(kGpuB, 11);
+    const std::string gone = no_execute ? "gpu.vfio-agent.cozystack.io/gone=sysfs:NoExecute"
+                                        : "gpu.vfio-agent.cozystack.io/gone=sysfs:NoSchedule";
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      return SliceDevices() == std::map<std::string, std::string>{
+                                   {"gpu-0000-18-00-0", "gpu.vfio-agent.cozystack.io/no-reset-method=none:None"},
+                                   {"gpu-0000-9a-00-0", gone}};
+    }));
+    // The health stream says the same reason the taint's key and value come from.
+    EXPECT_TRUE(HealthIs({{"gpu-0000-18-00-0", "HEALTHY: warning gpu.vfio-agent.cozystack.io/no-reset-method=none"},
+                          {"gpu-0000-9a-00-0", "UNHEALTHY: gone from sysfs"}}));
+    kubelet_.reset();
+    driver_.reset();
+    Replug(kGpuB, 11);
+    ASSERT_TRUE(api_->Control(std::string("delete-slices ") + kNodeName).ok());
+  }
 }
 
 TEST_F(DraSlicesTest, AKubeletRestartThatDeletesTheSlicesHasThemBackWithinFiveSeconds) {

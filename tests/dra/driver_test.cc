@@ -82,7 +82,8 @@ TEST_F(DraDriverTest, GetInfoDescribesTheDriverAndTheKubeletAcceptsIt) {
   EXPECT_EQ(plugin.endpoint, dra_sock);
   EXPECT_TRUE(std::filesystem::path(plugin.endpoint).is_absolute());
   EXPECT_EQ(plugin.supported_versions,
-            (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}));
+            (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                      "v1alpha1.DRAResourceHealth"}));
   EXPECT_EQ(plugin.service, "v1.DRAPlugin");
   EXPECT_TRUE(plugin.connected);
   ASSERT_TRUE(testing::WaitUntil([&] { return driver.Registration().notifications == 1; }));

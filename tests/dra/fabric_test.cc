@@ -195,7 +195,7 @@ class DraFabricTest : public claimtest::ClaimApiTest {
     for (const Json& slice : *slices) {
       for (const Json& device : slice["spec"].value("devices", Json::array())) {
         for (const Json& taint : device.value("taints", Json::array())) {
-          if (taint.value("key", "") == absl::StrCat(kDriver, "/unhealthy") &&
+          if (taint.value("key", "").starts_with(absl::StrCat(kDriver, "/")) &&
               taint.value("effect", "") == "NoSchedule") {
             health[device.value("name", "")] += " tainted";
           }

@@ -224,6 +224,67 @@ TEST_F(DraPrepareTest, PreparesClaimsOfOneTwoAndEightGpus) {
   ExpectPrepared(eight->claims().at("uid-eight"), "eight", "uid-eight", OnePerRequest(0, 8));
 }
 
+// The DeviceClass each request named (spec.devices.requests[].exactly.deviceClassName) picks the VFIO backend: the
+// legacy group's nodes or iommufd's, never both in one CDI spec (Kata refuses such a spec), even on an iommufd host.
+TEST_F(DraPrepareTest, TheRequestsDeviceClassChoosesLegacyOrIommufdNodesNeverBoth) {
+  std::ofstream(dir_.path() / "dev/iommu");
+  std::filesystem::create_directories(dir_.path() / "dev/vfio/devices");
+  for (int i : {0, 1}) {
+    const std::string cdev = absl::StrCat("vfio", i);
+    std::ofstream(dir_.path() / "dev/vfio/devices" / cdev);
+    std::filesystem::create_directories(dir_.path() / "sys/bus/pci/devices" / kGpus[i] / "vfio-dev" / cdev);
+  }
+  StartNode();
+  const std::string legacy = absl::StrCat("h200.", kDriver), iommufd = absl::StrCat("h200-iommufd.", kDriver);
+  // requests gpu0 (kGpus[0]) and gpu1 (kGpus[1]) with these classes.
+  auto add = [&](const std::string& name, const std::string& uid, const std::string& class0, const std::string& class1) {
+    Json claim = claimtest::AllocatedClaim(
+        "vms", name, uid,
+        Json::array({{{"request", "gpu0"}, {"driver", kDriver}, {"pool", kPool}, {"device", DeviceName(kGpus[0])}},
+                     {{"request", "gpu1"}, {"driver", kDriver}, {"pool", kPool}, {"device", DeviceName(kGpus[1])}}}));
+    claim["spec"]["devices"]["requests"] = Json::array({{{"name", "gpu0"}, {"exactly", {{"deviceClassName", class0}}}},
+                                                        {{"name", "gpu1"}, {"exactly", {{"deviceClassName", class1}}}}});
+    ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
+  };
+  auto nodes = [&](const std::string& uid) {
+    std::map<std::string, std::vector<std::string>> by_device;
+    const Json spec = Json::parse(ReadFile(CdiSpec(uid)));
+    for (const Json& device : spec["devices"]) {
+      for (const Json& node : device["containerEdits"].value("deviceNodes", Json::array())) {
+        by_device[device["name"]].push_back(node["path"]);
+      }
+    }
+    return by_device;
+  };
+  using Nodes = std::map<std::string, std::vector<std::string>>;
+
+  add("legacy", "uid-legacy", legacy, legacy);
+  auto prepared = Prepare("legacy", "uid-legacy");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-legacy").error(), "");
+  EXPECT_EQ(nodes("uid-legacy"),
+            (Nodes{{"uid-legacy-" + DeviceName(kGpus[0]), {"/dev/vfio/vfio", "/dev/vfio/10"}},
+                   {"uid-legacy-" + DeviceName(kGpus[1]), {"/dev/vfio/vfio", "/dev/vfio/11"}}}));
+  ASSERT_TRUE(kubelet_->Unprepare(kDriver, {MakeClaim("vms", "legacy", "uid-legacy")}).ok());
+
+  add("iommufd", "uid-iommufd", iommufd, iommufd);
+  prepared = Prepare("iommufd", "uid-iommufd");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->claims().at("uid-iommufd").error(), "");
+  EXPECT_EQ(nodes("uid-iommufd"),
+            (Nodes{{"uid-iommufd-" + DeviceName(kGpus[0]), {"/dev/vfio/devices/vfio0", "/dev/iommu"}},
+                   {"uid-iommufd-" + DeviceName(kGpus[1]), {"/dev/vfio/devices/vfio1", "/dev/iommu"}}}));
+  ASSERT_TRUE(kubelet_->Unprepare(kDriver, {MakeClaim("vms", "iommufd", "uid-iommufd")}).ok());
+
+  add("mixed", "uid-mixed", legacy, iommufd);
+  prepared = Prepare("mixed", "uid-mixed");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string error = prepared->claims().at("uid-mixed").error();
+  EXPECT_NE(error.find("one claim gets one backend"), std::string::npos) << error;
+  EXPECT_NE(error.find(iommufd), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(CdiSpec("uid-mixed")));
+}
+
 TEST_F(DraPrepareTest, ARepeatAnswersWhatTheFirstCallPreparedWithoutAnotherRead) {
   StartNode();
   AddClaim("vm", "uid-1", OnePerRequest(0, 2));

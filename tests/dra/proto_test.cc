@@ -2,6 +2,7 @@
 // kubelet calls and the field numbers of every message field we read or write.
 #include <gtest/gtest.h>
 
+#include "dra-health/v1/api.pb.h"
 #include "dra-health/v1alpha1/api.pb.h"
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
@@ -35,6 +36,7 @@ TEST(KubeletApiProtoTest, MethodPathsAreTheKubelets) {
     EXPECT_EQ(MethodPath(service, "NodeUnprepareResources"), "/" + service + "/NodeUnprepareResources");
   }
   EXPECT_EQ(MethodPath("v1alpha1.DRAResourceHealth", "NodeWatchResources"), "/v1alpha1.DRAResourceHealth/NodeWatchResources");
+  EXPECT_EQ(MethodPath("v1.DRAResourceHealth", "NodeWatchResources"), "/v1.DRAResourceHealth/NodeWatchResources");
 }
 
 TEST(KubeletApiProtoTest, FieldNumbersAreTheKubelets) {
@@ -71,6 +73,17 @@ TEST(KubeletApiProtoTest, FieldNumbersAreTheKubelets) {
   EXPECT_EQ(FieldNumber("v1alpha1.DeviceHealth", "health_check_timeout_seconds"), 4);
   EXPECT_EQ(FieldNumber("v1alpha1.DeviceHealth", "message"), 5);
   EXPECT_EQ(FieldNumber("v1alpha1.NodeWatchResourcesResponse", "devices"), 1);
+  for (const std::string p : {"v1alpha1.", "v1."}) {
+    EXPECT_EQ(FieldNumber(p + "DeviceIdentifier", "pool_name"), 1);
+    EXPECT_EQ(FieldNumber(p + "DeviceIdentifier", "device_name"), 2);
+    EXPECT_EQ(FieldNumber(p + "DeviceHealth", "device"), 1);
+    EXPECT_EQ(FieldNumber(p + "DeviceHealth", "health"), 2);
+    EXPECT_EQ(FieldNumber(p + "DeviceHealth", "last_updated_time"), 3);
+    EXPECT_EQ(FieldNumber(p + "DeviceHealth", "health_check_timeout_seconds"), 4);
+    EXPECT_EQ(FieldNumber(p + "DeviceHealth", "message"), 5);
+    EXPECT_EQ(FieldNumber(p + "NodeWatchResourcesResponse", "devices"), 1);
+  }
+  EXPECT_EQ(static_cast<int>(::v1::UNHEALTHY), static_cast<int>(v1alpha1::UNHEALTHY));
   EXPECT_EQ(v1alpha1::HealthStatus_Name(v1alpha1::UNHEALTHY), "UNHEALTHY");
   EXPECT_EQ(static_cast<int>(v1alpha1::UNHEALTHY), 2);
 }

@@ -144,6 +144,10 @@ void SysfsTree::AddDevice(const FakePciDevice& d) {
   WriteFile(abs / "driver_override", d.driver_override.empty() ? "(null)\n" : d.driver_override + "\n");
   if (d.numa_node) WriteFile(abs / "numa_node", absl::StrFormat("%d\n", *d.numa_node));
   if (d.config) WriteFile(abs / "config", ConfigHeader(d));
+  if (!d.reset_method.empty()) {
+    WriteFile(abs / "reset_method", d.reset_method + "\n");
+    WriteFile(abs / "reset", "");
+  }
   Link(dir, stdfs::path("bus/pci/devices") / d.bdf);
 
   if (d.iommu_group) {

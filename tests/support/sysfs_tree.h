@@ -71,6 +71,7 @@ struct FakePciDevice {
   std::vector<std::string> consumers{};   // device-link consumers: GPU -> its HDA/USB/UCSI functions
   std::vector<std::string> vfio_cdevs{};  // "vfio0", ... under vfio-dev/
   bool config = true;                   // false: no config file
+  std::string reset_method = "flr bus";  // "": no reset method (the kernel then shows neither reset nor reset_method)
   bool modalias = true;                 // false: no modalias file (ids only in vendor, device, ...)
 };
 

@@ -115,8 +115,14 @@ TEST(DraConfigCommandTest, AClassAndTemplatesPerModelOfTheHostsGpus) {
   ASSERT_EQ(code, cli::kExitOk) << text;
   const DraOutput out = ParseDraOutput(text);
 
-  // One class per GPU model; the NVSwitch is no DRA device even with --nvswitches, the audio function never.
-  ASSERT_EQ(out.classes.size(), 2u) << text;
+  // Two classes per GPU model, legacy VFIO and iommufd; the NVSwitch is no DRA device even with --nvswitches, the
+  // audio function never.
+  ASSERT_EQ(out.classes.size(), 4u) << text;
+  const YAML::Node h200_iommufd = out.classes.at("gh100-h200-sxm-141gb-iommufd.gpu.vfio-agent.cozystack.io");
+  EXPECT_FALSE(h200_iommufd["spec"]["extendedResourceName"].IsDefined());  // the legacy class keeps the name
+  EXPECT_EQ(h200_iommufd["spec"]["selectors"][0]["cel"]["expression"].as<std::string>(),
+            DeviceClassSelector("nvidia.com/GH100_H200_SXM_141GB", kDefaultDriver));
+  EXPECT_TRUE(out.classes.contains("ga102gl-a10-iommufd.gpu.vfio-agent.cozystack.io"));
   const YAML::Node h200 = out.classes.at("gh100-h200-sxm-141gb.gpu.vfio-agent.cozystack.io");
   EXPECT_EQ(h200["spec"]["extendedResourceName"].as<std::string>(), "nvidia.com/GH100_H200_SXM_141GB");
   ASSERT_EQ(h200["spec"]["selectors"].size(), 1u);
@@ -156,7 +162,9 @@ TEST(DraConfigCommandTest, VmSnippetsUseWhatTheOutputCreates) {
   ASSERT_EQ(code, cli::kExitOk) << text;
   const DraOutput out = ParseDraOutput(text);
   std::set<std::string> extended_names;
-  for (const auto& [name, doc] : out.classes) extended_names.insert(doc["spec"]["extendedResourceName"].as<std::string>());
+  for (const auto& [name, doc] : out.classes) {
+    if (doc["spec"]["extendedResourceName"]) extended_names.insert(doc["spec"]["extendedResourceName"].as<std::string>());
+  }
 
   int claim_snippets = 0, device_name_snippets = 0;
   std::set<int> gpu_counts;
@@ -244,9 +252,10 @@ TEST(DraConfigCommandTest, DriverNameDomainAndOverridesCarryThrough) {
                                   "example.com", "--resource-name", "10de:2335=H200"});
   ASSERT_EQ(code, cli::kExitOk) << text;
   const DraOutput out = ParseDraOutput(text);
-  ASSERT_EQ(out.classes.size(), 1u);
-  const YAML::Node& klass = out.classes.begin()->second;
-  EXPECT_EQ(out.classes.begin()->first, "h200.gpus.example.org");
+  ASSERT_EQ(out.classes.size(), 2u);
+  EXPECT_TRUE(out.classes.contains("h200-iommufd.gpus.example.org"));
+  ASSERT_TRUE(out.classes.contains("h200.gpus.example.org"));
+  const YAML::Node& klass = out.classes.at("h200.gpus.example.org");
   EXPECT_EQ(klass["spec"]["extendedResourceName"].as<std::string>(), "example.com/H200");
   EXPECT_EQ(klass["spec"]["selectors"][0]["cel"]["expression"].as<std::string>(),
             DeviceClassSelector("example.com/H200", "gpus.example.org"));
@@ -261,8 +270,9 @@ TEST(DraConfigTest, TheDraOverlaysClassesAreTheCommandsForCozystacksTable) {
   std::vector<std::pair<uint16_t, uint16_t>> ids;
   for (const auto& [device, name] : names::PinnedNames()) ids.emplace_back(0x10de, device);
   names::NameResolver resolver(nullptr, "nvidia.com", {});
-  const DraOutput want = ParseDraOutput(DeviceClassesYaml(DraModels(ids, resolver), kDefaultDriver));
-  ASSERT_EQ(want.classes.size(), names::PinnedNames().size());
+  const DraOutput want =
+      ParseDraOutput(DeviceClassesYaml(DraModels(ids, resolver), kDefaultDriver, /*iommufd_classes=*/true));
+  ASSERT_EQ(want.classes.size(), 2 * names::PinnedNames().size());
 
   const std::string path = std::string(VA_DAEMONSET_DIR) + "/overlays/dra/deviceclasses.yaml";
   std::ifstream file(path);
@@ -277,7 +287,10 @@ TEST(DraConfigTest, TheDraOverlaysClassesAreTheCommandsForCozystacksTable) {
   for (const auto& [name, doc] : want.classes) {
     if (!shipped.classes.contains(name)) continue;
     const YAML::Node got = shipped.classes.at(name)["spec"];
-    EXPECT_EQ(got["extendedResourceName"].as<std::string>(), doc["spec"]["extendedResourceName"].as<std::string>());
+    ASSERT_EQ(got["extendedResourceName"].IsDefined(), doc["spec"]["extendedResourceName"].IsDefined()) << name;
+    if (got["extendedResourceName"]) {
+      EXPECT_EQ(got["extendedResourceName"].as<std::string>(), doc["spec"]["extendedResourceName"].as<std::string>());
+    }
     ASSERT_EQ(got["selectors"].size(), 1u) << name;
     EXPECT_EQ(got["selectors"][0]["cel"]["expression"].as<std::string>(),
               doc["spec"]["selectors"][0]["cel"]["expression"].as<std::string>());

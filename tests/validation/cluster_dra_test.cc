@@ -397,6 +397,36 @@ TEST_F(ClusterDraTest, BindOnPrepareGpusOnTheirHostDriverPassAndMatchTheirSlices
   EXPECT_THAT(health->fix, HasSubstr("--bind-on-prepare (validate had it off)"));
 }
 
+// validate keeps to the driver's taint rule: a GPU unhealthy here carries its failure kind's key. The one key the
+// driver once used for every failure ("<driver>/unhealthy") is another health; a None warning blocks nothing.
+TEST_F(ClusterDraTest, ASliceTaintOfAnotherKindThanTheReasonHereWarnsAndTheKindsKeyPasses) {
+  GpusOnNvidia();
+  StartApi(kGpus, ClassesFor(options_.driver_name));
+  if (!api_) return;
+  auto publish = [&](const std::string& kind, const std::string& effect) {
+    std::vector<kube::SliceDevice> devices;
+    for (const std::string& bdf : kGpus) {
+      devices.push_back({.name = dra::DeviceName(bdf),
+                         .taints = {{.key = options_.driver_name + "/" + kind, .value = "nvidia", .effect = effect}}});
+    }
+    ASSERT_TRUE(publisher_->Publish(devices).ok());
+  };
+  publish("unhealthy", "NoSchedule");
+  std::vector<Check> checks = SliceChecks();
+  const Check* health = FindDraCheck(checks, "dra.slices");
+  ASSERT_NE(health, nullptr);
+  EXPECT_EQ(health->result, Result::kWarn) << health->message;
+  EXPECT_THAT(health->message, HasSubstr(absl::StrCat(dra::DeviceName(kGpus[0]), " tainted ", options_.driver_name,
+                                                      "/unhealthy, unhealthy here as ", options_.driver_name,
+                                                      "/not-vfio (driver nvidia)")));
+  publish("not-vfio", "None");  // a warning only: the GPU is still offered
+  checks = SliceChecks();
+  EXPECT_THAT(FindDraCheck(checks, "dra.slices")->message, HasSubstr("untainted, unhealthy here (driver nvidia)"));
+  publish("not-vfio", "NoSchedule");
+  checks = SliceChecks();
+  EXPECT_EQ(FindDraCheck(checks, "dra.slices")->result, Result::kPass) << FindDraCheck(checks, "dra.slices")->message;
+}
+
 // What would make a Prepare's bind fail now is said before a VM asks: a process holding nvidia. A GPU that nvidia's
 // runtime power management parked in D3cold is fine (the bind wakes it), as the driver judges it.
 TEST_F(ClusterDraTest, BindOnPrepareAHolderOfNvidiaWarnsAndD3coldOnTheHostDriverPasses) {

@@ -2,9 +2,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kubevirt_cr.h"
 #include "support/sysfs_tree.h"
+#include "vfio_backend_checks.h"
 #include "validation/cluster_node.h"
 
 namespace vfio_agent::validation {
@@ -210,6 +214,8 @@ class ClusterKubevirtTest : public ::testing::Test {
     tree.AddDevice({.bdf = "0000:3b:00.0", .device = 0x2236, .driver = "vfio-pci", .iommu_group = 15});
     paths_.sysfs_root = tree.root();
     paths_.dev_root = dir_.path() / "dev";
+    std::filesystem::create_directories(paths_.dev_root / "vfio");
+    for (int group : {11, 13, 15}) std::ofstream(paths_.dev_root / "vfio" / std::to_string(group));
     auto inventory = pci::Scan(paths_.sysfs_root, {.detail_vendor = pci::kVendorNvidia});
     ASSERT_TRUE(inventory.ok()) << inventory.status();
     inventory_ = std::make_unique<pci::Inventory>(*std::move(inventory));
@@ -246,8 +252,8 @@ TEST_F(ClusterKubevirtTest, UnreadableCrFails) {
 
 TEST_F(ClusterKubevirtTest, CozystacksDefaultCrPassesEverything) {
   const auto checks = Run(kCozystackCr);
-  // permitted + external_provider per resource, two gates, duplicate_selector, name_mismatch.
-  ASSERT_EQ(checks.size(), 8u);
+  // permitted + external_provider per resource, two gates, duplicate_selector, name_mismatch, vfio_backend.
+  ASSERT_EQ(checks.size(), 9u);
   for (const Check& check : checks) {
     EXPECT_EQ(check.result, Result::kPass) << check.id << " " << check.subject << ": " << check.message;
     EXPECT_EQ(check.layer, Layer::kKubevirt);
@@ -346,6 +352,57 @@ TEST_F(ClusterKubevirtTest, NameTheNodeCannotAdvertiseIsFlaggedWithTheNodesName)
   EXPECT_EQ(FindCheck(checks, "kubevirt.permitted", kH200)->result, Result::kFail);
   // Entries for GPUs this node does not have are other nodes' business.
   EXPECT_EQ(FindCheck(checks, "kubevirt.name_mismatch", "nvidia.com/AD102GL_L40S"), nullptr);
+}
+
+}  // namespace
+}  // namespace vfio_agent::validation
+
+namespace vfio_agent::validation {
+namespace {
+
+// The backend the node offers (group nodes: legacy; /dev/iommu and every GPU's cdev: iommufd) against what the
+// CR's KubeVirt opens: iommufd only from v1.9 with the IOMMUFD gate.
+TEST_F(ClusterKubevirtTest, TheVfioBackendTheNodeOffersAgainstWhatKubevirtOpens) {
+  auto backend = [&](const std::string& version, const std::string& gates) {
+    const std::string cr = absl::StrCat(
+        "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: kubevirt, namespace: kubevirt}\n"
+        "spec: {configuration: {developerConfiguration: {featureGates: [",
+        gates, "]}}}\nstatus: {observedKubeVirtVersion: ", version, "}\n");
+    const std::vector<Check> checks = Run(cr);
+    const Check* check = FindCheck(checks, "kubevirt.vfio_backend", "node");
+    EXPECT_NE(check, nullptr);
+    return check == nullptr ? Check{} : *check;
+  };
+  Check legacy = backend("v1.8.2", "HostDevices");
+  EXPECT_EQ(legacy.result, Result::kPass) << legacy.message;
+  EXPECT_THAT(legacy.message, HasSubstr("offers legacy"));
+  EXPECT_THAT(legacy.message, ::testing::Not(HasSubstr("iommufd (")));
+
+  // iommufd as well: /dev/iommu and each GPU's cdev.
+  std::ofstream(paths_.dev_root / "iommu");
+  std::filesystem::create_directories(paths_.dev_root / "vfio/devices");
+  int n = 0;
+  for (const char* bdf : {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"}) {
+    const std::string cdev = absl::StrCat("vfio", n++);
+    std::filesystem::create_directories(paths_.sysfs_root / "bus/pci/devices" / bdf / "vfio-dev" / cdev);
+    std::ofstream(paths_.dev_root / "vfio/devices" / cdev);
+  }
+  auto inventory = pci::Scan(paths_.sysfs_root, {.detail_vendor = pci::kVendorNvidia});
+  ASSERT_TRUE(inventory.ok());
+  *inventory_ = *std::move(inventory);
+  Check both = backend("v1.8.2", "HostDevices");
+  EXPECT_EQ(both.result, Result::kPass) << both.message;
+  EXPECT_THAT(both.message, HasSubstr("and iommufd"));
+  EXPECT_THAT(both.message, HasSubstr("<model>-iommufd DeviceClass would fail"));
+  EXPECT_THAT(backend("v1.9.0", "HostDevices, IOMMUFD").message, HasSubstr("with the IOMMUFD gate opens iommufd"));
+
+  // A cdev-only node (no group nodes): only a KubeVirt that opens iommufd can use it.
+  for (int group : {11, 13, 15}) std::filesystem::remove(paths_.dev_root / "vfio" / std::to_string(group));
+  EXPECT_EQ(backend("v1.9.0", "HostDevices").result, Result::kFail);
+  EXPECT_EQ(backend("v1.8.2", "HostDevices, IOMMUFD").result, Result::kFail);
+  EXPECT_EQ(backend("v1.10.1", "HostDevices, IOMMUFD").result, Result::kPass);
+  EXPECT_EQ(KubevirtMinorVersion("v1.10.1-rc.0"), (std::pair{1, 10}));
+  EXPECT_EQ(KubevirtMinorVersion("main"), std::nullopt);
 }
 
 }  // namespace

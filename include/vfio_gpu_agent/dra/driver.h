@@ -19,6 +19,7 @@
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/dra/devices.h"
+#include "vfio_gpu_agent/dra/taints.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
@@ -38,6 +39,9 @@ inline constexpr std::string_view kDefaultDriverName = "gpu.vfio-agent.cozystack
 inline constexpr std::string_view kPluginType = "DRAPlugin";
 inline constexpr std::string_view kServiceV1 = "v1.DRAPlugin";
 inline constexpr std::string_view kServiceV1beta1 = "v1beta1.DRAPlugin";
+// Health: the 1.37 kubelet picks v1 when listed (before v1alpha1 in the list, as the Go helper orders them); the
+// 1.36 kubelet knows v1alpha1 only and opens it whatever the list says. Both are served from one stream source.
+inline constexpr std::string_view kServiceHealthV1 = "v1.DRAResourceHealth";
 inline constexpr std::string_view kServiceHealthV1alpha1 = "v1alpha1.DRAResourceHealth";
 
 // The ResourceClaim the kubelet names in a Prepare, read from the API server (kube::ResourceClaimReader::Get).
@@ -101,6 +105,9 @@ struct DriverOptions {
   // Unprepare returns each function it moved to the driver recorded before the bind. Off (the default): `run`
   // binds every GPU at start and they stay on vfio-pci.
   bool bind_on_prepare = false;
+  // How health becomes slice taints (taints.h): NoSchedule per failure kind, None for warnings; NoExecute for a gone
+  // device only when the operator asks (--dra-taint-no-execute).
+  TaintPolicy taints;
   // HGX shared-NVSwitch mode (`--fabric-manager`, as the device plugin's): off while fabric.address is empty. Each
   // GPU gets its partition<N> attributes, Prepare activates the claim's partition and Unprepare releases it.
   // activation_grace is not used: a claim's checkpoint names its GPUs before Prepare answers.

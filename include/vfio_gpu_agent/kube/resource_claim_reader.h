@@ -23,6 +23,9 @@ struct AllocationResult {
   std::string driver;
   std::string pool;
   std::string device;
+  // The DeviceClass its request named (spec.devices.requests[].exactly.deviceClassName, or the firstAvailable
+  // subrequest's); status.allocation does not say it. "" when the spec names none (an admin-access or unknown shape).
+  std::string device_class;
 };
 
 struct ResourceClaim {

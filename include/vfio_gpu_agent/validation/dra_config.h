@@ -35,12 +35,17 @@ std::vector<DraModel> VgpuDraModels(const vgpu::Discovery& discovery, std::strin
 // "gh100-h200-sxm-141gb.gpu.vfio-agent.cozystack.io": the name part lower-cased with '_' and '.' as '-', under
 // the driver's name (a DNS subdomain, as object names must be, that says whose devices the class selects).
 std::string DeviceClassName(const std::string& resource_name, const std::string& driver);
+// "gh100-h200-sxm-141gb-iommufd.gpu.vfio-agent.cozystack.io": the same GPUs for a claim that wants the iommufd
+// nodes (dra/vfio_backend.h); it has no extendedResourceName (the legacy class keeps the model's).
+std::string IommufdDeviceClassName(const std::string& resource_name, const std::string& driver);
 
 // device.driver == "<driver>" && device.attributes["<driver>"].resourceName == "<NAME>"
 std::string DeviceClassSelector(const std::string& resource_name, const std::string& driver);
 
-// The DeviceClasses alone (one YAML document each, resource.k8s.io/v1).
-std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::string& driver);
+// The DeviceClasses alone (one YAML document each, resource.k8s.io/v1); with `iommufd_classes` (whole GPUs: an
+// mdev has no iommufd cdev) each model's iommufd class after its legacy one.
+std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::string& driver,
+                              bool iommufd_classes = false);
 
 // The DeviceClasses, the ResourceClaimTemplates, and the VirtualMachine snippets both ways (claims, and the
 // unchanged deviceName through the class's extendedResourceName) as YAML comments after the last document, so
@@ -48,6 +53,6 @@ std::string DeviceClassesYaml(const std::vector<DraModel>& models, const std::st
 // `partition_sizes` (HGX shared NVSwitch), the multi-GPU templates are one per partition size, their requests tied
 // by `constraints: [{requests: [...], matchAttribute: <driver>/partition<N>}]`.
 std::string DraConfigYaml(const std::vector<DraModel>& models, const std::string& driver,
-                          const std::set<int>& partition_sizes = {});
+                          const std::set<int>& partition_sizes = {}, bool iommufd_classes = false);
 
 }  // namespace vfio_agent::validation

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dra-health/v1/api.grpc.pb.h"
 #include "dra-health/v1alpha1/api.grpc.pb.h"
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
@@ -296,20 +297,53 @@ class KubeletDraSim::Impl {
     if (replaced) replaced->Stop();
     if (Notify(registration, plugin.driver, true, "")) {
       Record("register", plugin.driver, absl::StrCat("service=", plugin.service, " endpoint=", plugin.endpoint));
-      if (options_.watch_health) WatchHealth(plugin.driver, channel);
+      if (options_.watch_health) WatchHealth(plugin, channel);
     }
   }
 
-  void WatchHealth(const std::string& driver, const std::shared_ptr<grpc::Channel>& channel) {
+  std::string HealthService(const Plugin& plugin) const {
+    static constexpr std::string_view kV1 = "v1.DRAResourceHealth", kV1alpha1 = "v1alpha1.DRAResourceHealth";
+    if (options_.health_api == Options::HealthApi::k136) return std::string(kV1alpha1);
+    const auto& listed = plugin.supported_versions;
+    for (std::string_view service : {kV1, kV1alpha1}) {
+      if (std::find(listed.begin(), listed.end(), service) != listed.end()) return std::string(service);
+    }
+    return "";
+  }
+
+  // Reads one opened stream to its end, keeping each list as v1alpha1's message (the same fields).
+  template <typename Stub, typename Request, typename Response>
+  grpc::Status ReadHealth(const std::string& driver, const std::shared_ptr<grpc::Channel>& channel,
+                          grpc::ClientContext* context) {
+    Stub stub(channel);
+    std::unique_ptr<grpc::ClientReader<Response>> reader = stub.NodeWatchResources(context, Request());
+    Response message;
+    while (reader->Read(&message)) {
+      ::v1alpha1::NodeWatchResourcesResponse kept;
+      if (!Convert(message, &kept)) continue;
+      std::lock_guard lock(mu_);
+      latest_health_[driver] = std::move(kept);
+      events_.push_back({Clock::now(), "health-message", driver, ""});
+    }
+    return reader->Finish();
+  }
+
+  void WatchHealth(const Plugin& plugin, const std::shared_ptr<grpc::Channel>& channel) {
+    const std::string driver = plugin.driver;
+    const std::string service = HealthService(plugin);
+    if (service.empty()) {
+      Record("health-none", driver, "");
+      return;
+    }
     auto watch = std::make_shared<HealthWatch>();
     {
       std::lock_guard lock(mu_);
       auto it = connections_.find(driver);
       if (it == connections_.end()) return;
       it->second.health = watch;
+      it->second.plugin.health_service = service;
     }
-    watch->thread = std::thread([this, driver, channel, watch = watch.get()] {
-      ::v1alpha1::DRAResourceHealth::Stub stub(channel);
+    watch->thread = std::thread([this, driver, service, channel, watch = watch.get()] {
       while (true) {
         grpc::ClientContext context;
         {
@@ -317,16 +351,13 @@ class KubeletDraSim::Impl {
           if (watch->stop) return;
           watch->context = &context;
         }
-        Record("health-stream", driver, "");
-        std::unique_ptr<grpc::ClientReader<::v1alpha1::NodeWatchResourcesResponse>> reader =
-            stub.NodeWatchResources(&context, ::v1alpha1::NodeWatchResourcesRequest());
-        ::v1alpha1::NodeWatchResourcesResponse message;
-        while (reader->Read(&message)) {
-          std::lock_guard lock(mu_);
-          latest_health_[driver] = message;
-          events_.push_back({Clock::now(), "health-message", driver, ""});
-        }
-        const grpc::Status status = reader->Finish();
+        Record("health-stream", driver, service);
+        const grpc::Status status =
+            service == "v1.DRAResourceHealth"
+                ? ReadHealth<::v1::DRAResourceHealth::Stub, ::v1::NodeWatchResourcesRequest,
+                             ::v1::NodeWatchResourcesResponse>(driver, channel, &context)
+                : ReadHealth<::v1alpha1::DRAResourceHealth::Stub, ::v1alpha1::NodeWatchResourcesRequest,
+                             ::v1alpha1::NodeWatchResourcesResponse>(driver, channel, &context);
         std::unique_lock lock(watch->mu);
         watch->context = nullptr;
         if (watch->stop) return;

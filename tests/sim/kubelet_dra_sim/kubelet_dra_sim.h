@@ -32,9 +32,14 @@ struct Options {
   std::chrono::milliseconds get_info_timeout{20000};
   std::chrono::milliseconds call_timeout{45000};  // defaultClientCallTimeout
   // ResourceHealthStatus (beta, on in v1.36): after each registration the kubelet opens
-  // DRAResourceHealth.NodeWatchResources on the plugin's connection, whatever its supported_versions say, and
-  // opens it again this long after it failed or ended.
+  // DRAResourceHealth.NodeWatchResources on the plugin's connection and opens it again this long after it failed
+  // or ended. Which version it opens is the kubelet release's (health_api).
   bool watch_health = true;
+  // k136: v1alpha1, the only version v1.36 knows, whatever the plugin's supported_versions say. k137
+  // (pickHealthService): "v1.DRAResourceHealth" when the plugin lists it, else "v1alpha1.DRAResourceHealth" when
+  // listed, else no stream at all.
+  enum class HealthApi { k136, k137 };
+  HealthApi health_api = HealthApi::k136;
   std::chrono::milliseconds health_retry{5000};
 };
 
@@ -44,6 +49,7 @@ struct Plugin {
   std::string endpoint;      // the DRA socket the kubelet dials (GetInfo's endpoint)
   std::string service;       // the chosen service, e.g. "v1.DRAPlugin"
   std::vector<std::string> supported_versions;  // as GetInfo listed them
+  std::string health_service;  // the DRAResourceHealth version the health stream uses; empty: none
   std::filesystem::path registration_socket;
   bool connected = false;  // the endpoint's channel reached READY after registration
 };
@@ -52,7 +58,8 @@ struct Event {
   std::chrono::steady_clock::time_point at;
   // register (accepted and notified), refused (detail = the error sent in NotifyRegistrationStatus), deregister
   // (its registration socket was removed), ignored (not a socket, or a dot-file), error (GetInfo or Notify
-  // failed: detail), restart, prepare, unprepare, health-stream (NodeWatchResources opened), health-message (one
+  // failed: detail), restart, prepare, unprepare, health-stream (NodeWatchResources opened: detail = the service,
+  // e.g. "v1.DRAResourceHealth"), health-none (a 1.37 kubelet found no health service it knows), health-message (one
   // device list received), health-end (the stream failed or ended: detail = code and message, e.g. "12
   // unknown service v1alpha1.DRAResourceHealth" from a plugin without the service).
   std::string kind;
@@ -86,7 +93,8 @@ class KubeletDraSim {
   absl::StatusOr<drav1::NodeUnprepareResourcesResponse> Unprepare(const std::string& driver,
                                                                    const std::vector<drav1::Claim>& claims);
 
-  // The last device list the driver's health stream sent since the plugin registered (nullopt before the first).
+  // The last device list the driver's health stream sent since the plugin registered (nullopt before the first);
+  // a v1 list is carried over to v1alpha1's messages, which have the same fields.
   std::optional<::v1alpha1::NodeWatchResourcesResponse> LatestHealth(const std::string& driver) const;
 
  private:

@@ -136,6 +136,42 @@ TEST_F(KubeletDraSimTest, TakesThePluginsFirstKnownServiceAndCallsThroughIt) {
   EXPECT_EQ(response->claims().at("uid-1").devices(0).cdi_device_ids(0), "example.com/claim=uid-1");
 }
 
+// Which health service each kubelet release opens (pickHealthService in 1.37; 1.36 knows v1alpha1 only). The fake
+// plugin serves none, so each stream ends at once with UNIMPLEMENTED.
+TEST_F(KubeletDraSimTest, A137KubeletOpensV1HealthWhenListedAndNoStreamWhenNothingIsListed) {
+  auto plugin = StartPlugin(Info({"v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"}));
+  sim_ = std::make_unique<KubeletDraSim>(
+      Options{.registry_dir = Registry(), .health_api = Options::HealthApi::k137});
+  ASSERT_TRUE(sim_->Start().ok());
+  ASSERT_TRUE(sim_->WaitFor([](const KubeletDraSim& s) { return s.Count("health-end") > 0; }, 30s));
+  EXPECT_EQ(sim_->Plugins().at("example.com").health_service, "v1.DRAResourceHealth");
+  for (const Event& event : sim_->Events()) {
+    if (event.kind == "health-stream") EXPECT_EQ(event.detail, "v1.DRAResourceHealth");
+    if (event.kind == "health-end") EXPECT_EQ(event.detail.substr(0, 3), "12 ") << event.detail;  // UNIMPLEMENTED
+  }
+  sim_.reset();
+  plugin.reset();
+  std::filesystem::remove_all(Registry());
+
+  plugin = StartPlugin(Info({"v1beta1.DRAPlugin"}));
+  sim_ = std::make_unique<KubeletDraSim>(
+      Options{.registry_dir = Registry(), .health_api = Options::HealthApi::k137});
+  ASSERT_TRUE(sim_->Start().ok());
+  ASSERT_TRUE(sim_->WaitFor([](const KubeletDraSim& s) { return s.Count("health-none") == 1; }, 30s));
+  EXPECT_EQ(sim_->Count("health-stream"), 0);
+  EXPECT_EQ(sim_->Plugins().at("example.com").health_service, "");
+}
+
+TEST_F(KubeletDraSimTest, A136KubeletOpensV1alpha1HealthWhateverThePluginLists) {
+  auto plugin = StartPlugin(Info({"v1beta1.DRAPlugin", "v1.DRAResourceHealth"}));
+  KubeletDraSim& sim = Sim();
+  ASSERT_TRUE(sim.WaitFor([](const KubeletDraSim& s) { return s.Count("health-end") > 0; }, 30s));
+  EXPECT_EQ(sim.Plugins().at("example.com").health_service, "v1alpha1.DRAResourceHealth");
+  for (const Event& event : sim.Events()) {
+    if (event.kind == "health-stream") EXPECT_EQ(event.detail, "v1alpha1.DRAResourceHealth");
+  }
+}
+
 TEST_F(KubeletDraSimTest, RefusesAnEmptyServiceListWithTheKubeletsMessage) {
   auto plugin = StartPlugin(Info({}));
   ASSERT_TRUE(Sim().WaitFor([&](const KubeletDraSim&) { return Notified(*plugin); }, 30s));

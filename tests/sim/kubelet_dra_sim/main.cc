@@ -2,6 +2,7 @@
 // found in the registry directory (GetInfo, NotifyRegistrationStatus), waits for its health stream's first device
 // list, prepares each claim named (through the service version it chose) and prints each answer as JSON.
 //   kubelet-dra-sim --registry-dir D --driver NAME [--prepare NAMESPACE/NAME/UID ...] [--timeout-ms T]
+//                   [--kubelet 1.36|1.37]   (which DRAResourceHealth version it opens; 1.36 by default)
 // Exits 0 when the driver registered and every claim was prepared without an error, 1 otherwise, 2 on usage.
 #include <iostream>
 #include <vector>
@@ -16,13 +17,15 @@ namespace ds = vfio_agent::kubeletsim::dra;
 namespace {
 
 constexpr char kUsage[] =
-    "usage: kubelet-dra-sim --registry-dir D --driver NAME [--prepare NAMESPACE/NAME/UID ...] [--timeout-ms T]\n";
+    "usage: kubelet-dra-sim --registry-dir D --driver NAME [--prepare NAMESPACE/NAME/UID ...] [--timeout-ms T]\n"
+    "                       [--kubelet 1.36|1.37]\n";
 
 struct Args {
   std::filesystem::path registry_dir;
   std::string driver;
   std::vector<ds::drav1::Claim> claims;
   int64_t timeout_ms = 10000;
+  ds::Options::HealthApi health_api = ds::Options::HealthApi::k136;
 };
 
 bool Parse(int argc, char** argv, Args* args, std::string* error) {
@@ -42,6 +45,12 @@ bool Parse(int argc, char** argv, Args* args, std::string* error) {
         *error = "--timeout-ms: not a number: " + value;
         return false;
       }
+    } else if (flag == "--kubelet") {
+      if (value != "1.36" && value != "1.37") {
+        *error = "--kubelet: 1.36 or 1.37, not " + value;
+        return false;
+      }
+      args->health_api = value == "1.37" ? ds::Options::HealthApi::k137 : ds::Options::HealthApi::k136;
     } else if (flag == "--prepare") {
       std::vector<std::string> parts = absl::StrSplit(value, '/');
       if (parts.size() != 3) {
@@ -70,7 +79,7 @@ int main(int argc, char** argv) {
     std::cerr << "kubelet-dra-sim: " << error << "\n" << kUsage;
     return 2;
   }
-  ds::KubeletDraSim kubelet({.registry_dir = args.registry_dir});
+  ds::KubeletDraSim kubelet({.registry_dir = args.registry_dir, .health_api = args.health_api});
   if (absl::Status started = kubelet.Start(); !started.ok()) {
     std::cerr << "kubelet-dra-sim: " << started << "\n";
     return 1;
@@ -84,7 +93,7 @@ int main(int argc, char** argv) {
   }
   const ds::Plugin plugin = kubelet.Plugins().at(driver);
   std::cout << "registered " << driver << " at " << plugin.endpoint << " (" << plugin.service << "); health: "
-            << kubelet.LatestHealth(driver)->devices_size() << " devices\n";
+            << kubelet.LatestHealth(driver)->devices_size() << " devices over " << plugin.health_service << "\n";
   bool failed = false;
   for (const ds::drav1::Claim& claim : args.claims) {
     absl::StatusOr<ds::drav1::NodePrepareResourcesResponse> response = kubelet.Prepare(driver, {claim});
