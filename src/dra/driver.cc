@@ -26,8 +26,7 @@
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
-#include "vfio_gpu_agent/vgpu/catalog.h"
-#include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/node/source.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -92,13 +91,19 @@ class Driver::Impl {
  public:
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
-        names_(options_.pci_ids, options_.domain, options_.overrides),
+        source_({.paths = options_.paths,
+                 .policy = options_.policy,
+                 .workload = options_.workload,
+                 .pci_ids = options_.pci_ids,
+                 .domain = options_.domain,
+                 .overrides = options_.overrides,
+                 .vgpu_catalog_file = options_.vgpu_catalog_file,
+                 .build = {.bind_on_prepare = options_.bind_on_prepare}}),
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
         fabric_(options_),
         claims_(options_, &fabric_),
-        vgpu_catalog_(options_.vgpu_catalog_file),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
@@ -108,12 +113,7 @@ class Driver::Impl {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
-    if (options_.workload == Workload::kVmVgpu) {
-      if (absl::Status loaded = vgpu_catalog_.Load(); !loaded.ok()) {
-        spdlog::warn("DRA vGPUs: {}; starting with no remembered catalog (rewritten when a card lists its types)",
-                     loaded.ToString());
-      }
-    }
+    source_.Open();
     if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
     fabric_.Start([this] {
       fabric_changed_ = true;
@@ -195,22 +195,17 @@ class Driver::Impl {
 
   // Scans sysfs; on a change, logs it, sends the health streams the new list and marks the slices stale.
   void Rescan() {
-    absl::StatusOr<pci::Inventory> inventory =
-        pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
-    if (!inventory.ok()) {
-      spdlog::error("DRA rescan: {}; keeping the previous device list", inventory.status().ToString());
+    absl::StatusOr<std::shared_ptr<const node::State>> state = source_.Rescan();
+    if (!state.ok()) {
+      spdlog::error("DRA rescan: {}; keeping the previous device list", state.status().ToString());
       return;
     }
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next;
     if (options_.workload == Workload::kVmVgpu) {
-      std::optional<std::vector<GpuDevice>> vgpus = Vgpus(*inventory, previous);
-      if (!vgpus) return;
-      next = *std::move(vgpus);
+      next = Vgpus(**state, previous);
     } else {
-      const pci::Selection selection = pci::Select(*inventory, options_.policy);
-      next = BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name,
-                          previous, options_.bind_on_prepare);
+      next = GpusOf((*state)->snapshot, (*state)->inventory, options_.pci_ids, options_.driver_name, previous);
       fabric_.AddAttributes(&next);
       fabric_.MarkUnusable(&next);
     }
@@ -224,16 +219,12 @@ class Driver::Impl {
     slices_stale_ = true;
   }
 
-  // vm-vgpu: the node's vGPUs; nullopt (the previous list kept) when they cannot be discovered. Each problem
-  // (a vGPU not published, and why) is logged once while it lasts: the safety rescan must not repeat it.
-  std::optional<std::vector<GpuDevice>> Vgpus(const pci::Inventory& inventory, const std::vector<GpuDevice>& previous) {
-    absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, inventory, vgpu_catalog_);
-    if (!discovery.ok()) {
-      spdlog::error("DRA vGPU discovery: {}; keeping the previous device list", discovery.status().ToString());
-      return std::nullopt;
-    }
-    VgpuDevices built = BuildVgpuDevices(options_.paths, inventory, *discovery, options_.pci_ids, options_.domain,
-                                         options_.driver_name, previous);
+  // vm-vgpu: the node's vGPUs. Each problem (a vGPU not published, and why) is logged once while it lasts: the
+  // safety rescan must not repeat it.
+  std::vector<GpuDevice> Vgpus(const node::State& state, const std::vector<GpuDevice>& previous) {
+    VgpuDevices built =
+        VgpusOf(state.snapshot, vgpu::GoneReasons(options_.paths.sysfs_root, state.inventory, *state.discovery),
+                options_.pci_ids, options_.domain, options_.driver_name, previous);
     std::set<std::string> problems(built.problems.begin(), built.problems.end());
     for (const std::string& problem : problems) {
       if (!vgpu_problems_.contains(problem)) spdlog::warn("DRA vGPU: {}", problem);
@@ -383,11 +374,10 @@ class Driver::Impl {
   static constexpr std::chrono::seconds kSliceBurstInterval{1};
 
   const DriverOptions options_;
-  const names::NameResolver names_;
+  node::Source source_;  // the loop thread's (Start's first Rescan runs before the thread exists)
   internal::RegistrationService registration_;
   internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
-  vgpu::CatalogStore vgpu_catalog_;        // vm-vgpu: the rescans' (the loop thread's)
   std::set<std::string> vgpu_problems_;   // vm-vgpu: the last rescan's, logged once each
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
