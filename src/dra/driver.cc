@@ -1,5 +1,6 @@
 #include "vfio_gpu_agent/dra/driver.h"
 
+#include <poll.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -17,16 +18,16 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/server_builder.h"
 #include "claims.h"
-#include "device_watch.h"
 #include "fabric_claims.h"
-#include "health.h"
-#include "kubelet_services.h"
+#include "kubelet/health.h"
+#include "kubelet/kubelet_services.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
 #include "vfio_gpu_agent/node/source.h"
+#include "vfio_gpu_agent/node/watch.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -114,10 +115,11 @@ class Driver::Impl {
     if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
     source_.Open();
-    if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
+    if (absl::Status watch = dirs_.Open(); !watch.ok()) return watch;
+    dirs_.Refresh({}, options_.paths.dev_root);
     fabric_.Start([this] {
       fabric_changed_ = true;
-      watch_.Wake();
+      wakeup_.Notify();
     });
     Rescan();  // the health stream's first message is the real list, never an empty one
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_});
@@ -145,7 +147,7 @@ class Driver::Impl {
         stopping_ = true;
       }
       sweep_cv_.notify_all();
-      watch_.Wake();
+      wakeup_.Notify();
       loop_.join();
       if (sweeper_.joinable()) sweeper_.join();
     }
@@ -190,7 +192,7 @@ class Driver::Impl {
 
   void WakeForRegistration() {
     registered_ = true;
-    watch_.Wake();
+    wakeup_.Notify();
   }
 
   // Scans sysfs; on a change, logs it, sends the health streams the new list and marks the slices stale.
@@ -331,6 +333,25 @@ class Driver::Impl {
     }
   }
 
+  // Blocks until something under <dev_root>/vfio (or vfio/ itself, or /dev/iommu) changed (true), a wake-up from
+  // another thread (a registration, Fabric Manager, Stop) or `until`. A directory not watched yet is looked for
+  // every second.
+  bool WaitForDevices(Clock::time_point until) {
+    if (!dirs_.complete()) until = std::min(until, Clock::now() + kMaxPollWait);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+    const int timeout_ms = until == Clock::time_point::max()
+                               ? -1
+                               : static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX));
+    pollfd fds[2] = {{dirs_.fd(), POLLIN, 0}, {wakeup_.fd(), POLLIN, 0}};
+    bool devices = false;
+    if (::poll(fds, 2, timeout_ms) > 0) {
+      if (fds[1].revents & POLLIN) wakeup_.Drain();
+      if (fds[0].revents & POLLIN) devices = dirs_.Drain().devices;
+    }
+    dirs_.Refresh({}, options_.paths.dev_root);
+    return devices;
+  }
+
   void Loop() {
     NameThisThread("dra-devices");
     Clock::time_point next_rescan = Clock::now() + options_.rescan_interval;
@@ -343,11 +364,11 @@ class Driver::Impl {
       if (options_.publish_slices && (slices_stale_ || Clock::now() >= next_slices_)) SyncSlices();
       Clock::time_point wake = std::min({next_rescan, settle, next_health_});
       if (options_.publish_slices) wake = std::min(wake, next_slices_);
-      const internal::DeviceWatch::Woken woken = watch_.Wait(wake);
+      const bool devices_changed = WaitForDevices(wake);
       if (stopping_) break;
       const Clock::time_point now = Clock::now();
       bool rescan = fabric_changed_.exchange(false);  // FM's partitions, and so the attributes, may have changed
-      if (woken.devices) {
+      if (devices_changed) {
         rescan = true;
         settle = now + kSettleRescan;
       } else if (now >= settle) {
@@ -366,6 +387,7 @@ class Driver::Impl {
   // the full list is sent again well inside that even when nothing changed.
   static constexpr std::chrono::seconds kHealthRefresh{internal::kHealthCheckTimeoutSeconds / 3};
   static constexpr std::chrono::milliseconds kSettleRescan{25};  // second look after a device event
+  static constexpr std::chrono::milliseconds kMaxPollWait{1000};  // while an inotify watch is missing
   // NVIDIA's driver sweeps every 10 minutes; a claim deleted while the agent was down is cleaned up at its start
   // and one the kubelet never unprepared within a minute.
   static constexpr std::chrono::seconds kClaimSweep{60};
@@ -383,7 +405,8 @@ class Driver::Impl {
   internal::DraServiceV1 v1_;
   internal::DraServiceV1beta1 v1beta1_;
   internal::HealthService health_;
-  internal::DeviceWatch watch_;
+  node::DirWatcher dirs_;  // the loop thread's
+  node::Wakeup wakeup_;
   std::unique_ptr<grpc::Server> dra_server_;
   std::unique_ptr<grpc::Server> registration_server_;
 

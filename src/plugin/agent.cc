@@ -29,11 +29,11 @@
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/node/source.h"
+#include "vfio_gpu_agent/node/watch.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
 #include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
-#include "watchers.h"
 
 namespace vfio_agent::plugin {
 
@@ -208,9 +208,9 @@ class Agent::Impl {
   const ServeOptions options_;
   const std::filesystem::path kubelet_socket_;
   node::Source source_;  // the scanner's (and Start's, before it)
-  internal::DirWatcher dirs_;
-  internal::UdevMonitor udev_;
-  internal::Wakeup wakeup_;
+  node::DirWatcher dirs_;
+  node::UdevMonitor udev_;
+  node::Wakeup wakeup_;
   std::unique_ptr<fabric::PartitionManager> fabric_;
   std::thread loop_;
   std::thread scanner_;
