@@ -21,13 +21,13 @@
 #include "vfio_gpu_agent/dra/checkpoint.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/node/watch.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
 #include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/validation/check.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
-#include "watchers.h"
 
 namespace vfio_agent::daemon {
 namespace {
@@ -96,7 +96,7 @@ class UdevUevents final : public UeventSource {
   bool Drain(std::vector<std::string>* bdfs) override { return monitor_.Drain(bdfs); }
 
  private:
-  plugin::internal::UdevMonitor monitor_;
+  node::UdevMonitor monitor_;
 };
 
 }  // namespace
@@ -283,8 +283,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   internal::HealthServer health_;
   std::unique_ptr<plugin::Agent> agent_;
   std::unique_ptr<dra::Driver> dra_;  // run --kubelet-api dra: serves instead of agent_, which is never started
-  plugin::internal::DirWatcher dirs_;
-  plugin::internal::Wakeup wakeup_;
+  node::DirWatcher dirs_;
+  node::Wakeup wakeup_;
   std::thread loop_;
   std::atomic<bool> ready_{false};
   std::atomic<Clock::rep> heartbeat_{0};

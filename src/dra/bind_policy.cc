@@ -92,22 +92,4 @@ std::optional<int> IommuGroupOf(const HostPaths& paths, const std::string& bdf) 
   return id;
 }
 
-std::string BindOnPrepareUnhealthyReason(const HostPaths& paths, const pci::Function& fn,
-                                         const pci::GroupAssessment* group, bool iommufd) {
-  if (pci::IsVfioDriver(fn.driver)) return pci::VfioUnhealthyReason(paths, fn, group, iommufd);
-  if (!fn.iommu_group) return "no IOMMU group";
-  if (group == nullptr || !group->usable) {
-    std::string reason = absl::StrCat("IOMMU group ", *fn.iommu_group, " cannot be bound to vfio-pci");
-    if (group != nullptr && !group->blockers.empty()) absl::StrAppend(&reason, ": ", group->blockers.front());
-    return reason;
-  }
-  // A host driver's runtime PM may park it in D3cold; a config read would wake it on every rescan.
-  absl::StatusOr<std::string> power = fs::ReadTrimmed(paths.PciDevice(fn.bdf) / "power_state");
-  if (power.ok() && *power == "D3cold") return "";
-  absl::StatusOr<uint16_t> vendor = pci::ReadConfigVendor(paths, fn.bdf);
-  if (!vendor.ok()) return absl::StrCat("config space unreadable: ", vendor.status().message());
-  if (*vendor == 0xffff) return "config space reads 0xffff (device off the bus)";
-  return "";
-}
-
 }  // namespace vfio_agent::dra::internal

@@ -50,10 +50,4 @@ class BindOnPrepare {
 // The IOMMU group of a function (its iommu_group link); nullopt without one, or when the function is gone.
 std::optional<int> IommuGroupOf(const HostPaths& paths, const std::string& bdf);
 
-// Why `fn` cannot be handed to a claim under --bind-on-prepare; "" when it can. On a vfio driver: the vfio rule
-// (pci/vfio_health.h). On its host driver or none: an IOMMU group whose endpoints are all ours to bind (`group`'s
-// usable), and config space answering, as a bind would need.
-std::string BindOnPrepareUnhealthyReason(const HostPaths& paths, const pci::Function& fn,
-                                         const pci::GroupAssessment* group, bool iommufd);
-
 }  // namespace vfio_agent::dra::internal

@@ -15,7 +15,7 @@
 #include "bind_policy.h"
 #include "cdi/v1/spec.pb.h"
 #include "fabric_claims.h"
-#include "kubelet_services.h"
+#include "kubelet/kubelet_services.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/names/resource_names.h"

@@ -1,14 +1,10 @@
 #include "vfio_gpu_agent/dra/devices.h"
 
 #include <algorithm>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "bind_policy.h"
-#include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
-#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -31,57 +27,29 @@ std::optional<std::string> ProductName(const names::PciIdsDatabase* pci_ids, uin
   return product;
 }
 
-std::string PcieRoot(const HostPaths& paths, const std::string& bdf) {
-  std::error_code ec;
-  const std::filesystem::path real = std::filesystem::canonical(paths.PciDevice(bdf), ec);
-  if (ec) return "";
-  for (const std::filesystem::path& part : real) {
-    if (part.string().starts_with("pci")) return part.string();
-  }
-  return "";
-}
-
-std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
-                                    const pci::Selection& selection, const names::NameResolver& names,
-                                    const names::PciIdsDatabase* pci_ids, std::string_view driver,
-                                    const std::vector<GpuDevice>& previous, bool bind_on_prepare) {
-  std::vector<const pci::Function*> gpus;
-  std::vector<std::pair<uint16_t, uint16_t>> ids;
-  for (const std::string& bdf : selection.gpus) {
-    if (selection.RoleOf(bdf) != pci::Role::kGpu) continue;
-    const pci::Function* fn = inventory.Find(bdf);
-    if (fn == nullptr) continue;
-    gpus.push_back(fn);
-    ids.emplace_back(fn->vendor_id, fn->device_id);
-  }
-  const std::map<uint32_t, names::ResolvedName> resolved = names.Resolve(ids);
-  const bool iommufd = fs::Exists(paths.dev_root / "iommu");
-
+std::vector<GpuDevice> GpusOf(const node::Snapshot& node, const pci::Inventory& inventory,
+                              const names::PciIdsDatabase* pci_ids, std::string_view driver,
+                              const std::vector<GpuDevice>& previous) {
   std::vector<GpuDevice> devices;
-  for (const pci::Function* fn : gpus) {
-    const pci::GroupAssessment* group = selection.GroupOf(*fn);
-    GpuDevice device{.bdf = fn->bdf,
-                     .unhealthy_reason = bind_on_prepare
-                                             ? internal::BindOnPrepareUnhealthyReason(paths, *fn, group, iommufd)
-                                             : pci::VfioUnhealthyReason(paths, *fn, group, iommufd)};
+  for (const node::Device& gpu : node.devices) {
+    if (gpu.kind != node::Kind::kGpu) continue;
+    GpuDevice device{.bdf = gpu.bdf, .unhealthy_reason = gpu.unhealthy_reason};
     kube::SliceDevice& slice = device.slice;
-    slice.name = DeviceName(fn->bdf);
-    slice.attributes[std::string(kPciBusIdAttribute)] = kube::DeviceAttribute::String(fn->bdf);
-    if (std::string root = PcieRoot(paths, fn->bdf); !root.empty()) {
-      slice.attributes[std::string(kPcieRootAttribute)] = kube::DeviceAttribute::String(root);
+    slice.name = DeviceName(gpu.bdf);
+    slice.attributes[std::string(kPciBusIdAttribute)] = kube::DeviceAttribute::String(gpu.bdf);
+    if (!gpu.pcie_root.empty()) {
+      slice.attributes[std::string(kPcieRootAttribute)] = kube::DeviceAttribute::String(gpu.pcie_root);
     }
-    if (fn->numa_node) slice.attributes[std::string(kNumaNodeAttribute)] = kube::DeviceAttribute::Int(*fn->numa_node);
-    if (auto name = resolved.find(names::NameKey(fn->vendor_id, fn->device_id)); name != resolved.end()) {
-      slice.attributes[Qualified(driver, kResourceNameAttribute)] = kube::DeviceAttribute::String(name->second.name);
-    }
-    if (std::optional<std::string> product = ProductName(pci_ids, fn->vendor_id, fn->device_id)) {
+    if (gpu.numa_node) slice.attributes[std::string(kNumaNodeAttribute)] = kube::DeviceAttribute::Int(*gpu.numa_node);
+    slice.attributes[Qualified(driver, kResourceNameAttribute)] = kube::DeviceAttribute::String(gpu.name);
+    if (std::optional<std::string> product = ProductName(pci_ids, gpu.card->vendor_id, gpu.card->device_id)) {
       slice.attributes[Qualified(driver, kProductNameAttribute)] = kube::DeviceAttribute::String(*product);
     }
     slice.attributes[Qualified(driver, kVendorIdAttribute)] =
-        kube::DeviceAttribute::String(absl::StrFormat("0x%04x", fn->vendor_id));
+        kube::DeviceAttribute::String(absl::StrFormat("0x%04x", gpu.card->vendor_id));
     slice.attributes[Qualified(driver, kDeviceIdAttribute)] =
-        kube::DeviceAttribute::String(absl::StrFormat("0x%04x", fn->device_id));
-    if (fn->iommu_group) slice.attributes[Qualified(driver, kIommuGroupAttribute)] = kube::DeviceAttribute::Int(*fn->iommu_group);
+        kube::DeviceAttribute::String(absl::StrFormat("0x%04x", gpu.card->device_id));
+    if (gpu.iommu_group) slice.attributes[Qualified(driver, kIommuGroupAttribute)] = kube::DeviceAttribute::Int(*gpu.iommu_group);
     if (!device.healthy()) slice.taints.push_back(UnhealthyTaint(driver));
     devices.push_back(std::move(device));
   }
@@ -95,6 +63,15 @@ std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory
   std::sort(devices.begin(), devices.end(),
             [](const GpuDevice& a, const GpuDevice& b) { return a.slice.name < b.slice.name; });
   return devices;
+}
+
+std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
+                                    const pci::Selection& selection, const names::NameResolver& names,
+                                    const names::PciIdsDatabase* pci_ids, std::string_view driver,
+                                    const std::vector<GpuDevice>& previous, bool bind_on_prepare) {
+  const node::Snapshot node =
+      node::Build(paths, inventory, selection, names, nullptr, {.bind_on_prepare = bind_on_prepare});
+  return GpusOf(node, inventory, pci_ids, driver, previous);
 }
 
 }  // namespace vfio_agent::dra

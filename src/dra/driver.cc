@@ -1,5 +1,6 @@
 #include "vfio_gpu_agent/dra/driver.h"
 
+#include <poll.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -17,17 +18,16 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/server_builder.h"
 #include "claims.h"
-#include "device_watch.h"
 #include "fabric_claims.h"
-#include "health.h"
-#include "kubelet_services.h"
+#include "kubelet/health.h"
+#include "kubelet/kubelet_services.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
-#include "vfio_gpu_agent/vgpu/catalog.h"
-#include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/node/source.h"
+#include "vfio_gpu_agent/node/watch.h"
 
 namespace vfio_agent::dra {
 namespace {
@@ -92,13 +92,19 @@ class Driver::Impl {
  public:
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
-        names_(options_.pci_ids, options_.domain, options_.overrides),
+        source_({.paths = options_.paths,
+                 .policy = options_.policy,
+                 .workload = options_.workload,
+                 .pci_ids = options_.pci_ids,
+                 .domain = options_.domain,
+                 .overrides = options_.overrides,
+                 .vgpu_catalog_file = options_.vgpu_catalog_file,
+                 .build = {.bind_on_prepare = options_.bind_on_prepare}}),
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
         fabric_(options_),
         claims_(options_, &fabric_),
-        vgpu_catalog_(options_.vgpu_catalog_file),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
@@ -108,16 +114,12 @@ class Driver::Impl {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
-    if (options_.workload == Workload::kVmVgpu) {
-      if (absl::Status loaded = vgpu_catalog_.Load(); !loaded.ok()) {
-        spdlog::warn("DRA vGPUs: {}; starting with no remembered catalog (rewritten when a card lists its types)",
-                     loaded.ToString());
-      }
-    }
-    if (absl::Status watch = watch_.Open(options_.paths.dev_root); !watch.ok()) return watch;
+    source_.Open();
+    if (absl::Status watch = dirs_.Open(); !watch.ok()) return watch;
+    dirs_.Refresh({}, options_.paths.dev_root);
     fabric_.Start([this] {
       fabric_changed_ = true;
-      watch_.Wake();
+      wakeup_.Notify();
     });
     Rescan();  // the health stream's first message is the real list, never an empty one
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_, health_.v1()});
@@ -152,7 +154,7 @@ class Driver::Impl {
         stopping_ = true;
       }
       sweep_cv_.notify_all();
-      watch_.Wake();
+      wakeup_.Notify();
       loop_.join();
       if (sweeper_.joinable()) sweeper_.join();
     }
@@ -197,27 +199,22 @@ class Driver::Impl {
 
   void WakeForRegistration() {
     registered_ = true;
-    watch_.Wake();
+    wakeup_.Notify();
   }
 
   // Scans sysfs; on a change, logs it, sends the health streams the new list and marks the slices stale.
   void Rescan() {
-    absl::StatusOr<pci::Inventory> inventory =
-        pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
-    if (!inventory.ok()) {
-      spdlog::error("DRA rescan: {}; keeping the previous device list", inventory.status().ToString());
+    absl::StatusOr<std::shared_ptr<const node::State>> state = source_.Rescan();
+    if (!state.ok()) {
+      spdlog::error("DRA rescan: {}; keeping the previous device list", state.status().ToString());
       return;
     }
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next;
     if (options_.workload == Workload::kVmVgpu) {
-      std::optional<std::vector<GpuDevice>> vgpus = Vgpus(*inventory, previous);
-      if (!vgpus) return;
-      next = *std::move(vgpus);
+      next = Vgpus(**state, previous);
     } else {
-      const pci::Selection selection = pci::Select(*inventory, options_.policy);
-      next = BuildDevices(options_.paths, *inventory, selection, names_, options_.pci_ids, options_.driver_name,
-                          previous, options_.bind_on_prepare);
+      next = GpusOf((*state)->snapshot, (*state)->inventory, options_.pci_ids, options_.driver_name, previous);
       fabric_.AddAttributes(&next);
       fabric_.MarkUnusable(&next);
     }
@@ -233,16 +230,12 @@ class Driver::Impl {
     slices_stale_ = true;
   }
 
-  // vm-vgpu: the node's vGPUs; nullopt (the previous list kept) when they cannot be discovered. Each problem
-  // (a vGPU not published, and why) is logged once while it lasts: the safety rescan must not repeat it.
-  std::optional<std::vector<GpuDevice>> Vgpus(const pci::Inventory& inventory, const std::vector<GpuDevice>& previous) {
-    absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, inventory, vgpu_catalog_);
-    if (!discovery.ok()) {
-      spdlog::error("DRA vGPU discovery: {}; keeping the previous device list", discovery.status().ToString());
-      return std::nullopt;
-    }
-    VgpuDevices built = BuildVgpuDevices(options_.paths, inventory, *discovery, options_.pci_ids, options_.domain,
-                                         options_.driver_name, previous);
+  // vm-vgpu: the node's vGPUs. Each problem (a vGPU not published, and why) is logged once while it lasts: the
+  // safety rescan must not repeat it.
+  std::vector<GpuDevice> Vgpus(const node::State& state, const std::vector<GpuDevice>& previous) {
+    VgpuDevices built =
+        VgpusOf(state.snapshot, vgpu::GoneReasons(options_.paths.sysfs_root, state.inventory, *state.discovery),
+                options_.pci_ids, options_.domain, options_.driver_name, previous);
     std::set<std::string> problems(built.problems.begin(), built.problems.end());
     for (const std::string& problem : problems) {
       if (!vgpu_problems_.contains(problem)) spdlog::warn("DRA vGPU: {}", problem);
@@ -353,6 +346,25 @@ class Driver::Impl {
     }
   }
 
+  // Blocks until something under <dev_root>/vfio (or vfio/ itself, or /dev/iommu) changed (true), a wake-up from
+  // another thread (a registration, Fabric Manager, Stop) or `until`. A directory not watched yet is looked for
+  // every second.
+  bool WaitForDevices(Clock::time_point until) {
+    if (!dirs_.complete()) until = std::min(until, Clock::now() + kMaxPollWait);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+    const int timeout_ms = until == Clock::time_point::max()
+                               ? -1
+                               : static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX));
+    pollfd fds[2] = {{dirs_.fd(), POLLIN, 0}, {wakeup_.fd(), POLLIN, 0}};
+    bool devices = false;
+    if (::poll(fds, 2, timeout_ms) > 0) {
+      if (fds[1].revents & POLLIN) wakeup_.Drain();
+      if (fds[0].revents & POLLIN) devices = dirs_.Drain().devices;
+    }
+    dirs_.Refresh({}, options_.paths.dev_root);
+    return devices;
+  }
+
   void Loop() {
     NameThisThread("dra-devices");
     Clock::time_point next_rescan = Clock::now() + options_.rescan_interval;
@@ -371,11 +383,11 @@ class Driver::Impl {
       if (options_.publish_slices && (slices_stale_ || Clock::now() >= next_slices_)) SyncSlices();
       Clock::time_point wake = std::min({next_rescan, settle, next_health_});
       if (options_.publish_slices) wake = std::min(wake, next_slices_);
-      const internal::DeviceWatch::Woken woken = watch_.Wait(wake);
+      const bool devices_changed = WaitForDevices(wake);
       if (stopping_) break;
       const Clock::time_point now = Clock::now();
       bool rescan = fabric_changed_.exchange(false);  // FM's partitions, and so the attributes, may have changed
-      if (woken.devices) {
+      if (devices_changed) {
         rescan = true;
         settle = now + kSettleRescan;
       } else if (now >= settle) {
@@ -394,6 +406,7 @@ class Driver::Impl {
   // the full list is sent again well inside that even when nothing changed.
   static constexpr std::chrono::seconds kHealthRefresh{internal::kHealthCheckTimeoutSeconds / 3};
   static constexpr std::chrono::milliseconds kSettleRescan{25};  // second look after a device event
+  static constexpr std::chrono::milliseconds kMaxPollWait{1000};  // while an inotify watch is missing
   // NVIDIA's driver sweeps every 10 minutes; a claim deleted while the agent was down is cleaned up at its start
   // and one the kubelet never unprepared within a minute.
   static constexpr std::chrono::seconds kClaimSweep{60};
@@ -402,17 +415,17 @@ class Driver::Impl {
   static constexpr std::chrono::seconds kSliceBurstInterval{1};
 
   const DriverOptions options_;
-  const names::NameResolver names_;
+  node::Source source_;  // the loop thread's (Start's first Rescan runs before the thread exists)
   internal::RegistrationService registration_;
   internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
-  vgpu::CatalogStore vgpu_catalog_;        // vm-vgpu: the rescans' (the loop thread's)
   std::set<std::string> vgpu_problems_;   // vm-vgpu: the last rescan's, logged once each
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
   internal::DraServiceV1beta1 v1beta1_;
   internal::HealthService health_;
-  internal::DeviceWatch watch_;
+  node::DirWatcher dirs_;  // the loop thread's
+  node::Wakeup wakeup_;
   std::unique_ptr<grpc::Server> dra_server_;
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<kube::ResourceSliceWatch> slice_watch_;  // its own thread; reset before the loop is joined

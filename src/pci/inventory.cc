@@ -147,7 +147,14 @@ Inventory MakeInventory(std::vector<Function> functions, std::vector<ScanError> 
   return inventory;
 }
 
+namespace {
+std::atomic<uint64_t> scans_started{0};
+}  // namespace
+
+uint64_t ScansStarted() { return scans_started.load(std::memory_order_relaxed); }
+
 absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root, const ScanOptions& options) {
+  scans_started.fetch_add(1, std::memory_order_relaxed);
   const std::filesystem::path devices_dir = sysfs_root / "bus/pci/devices";
   int devices_fd = ::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (devices_fd < 0) return fs::ErrnoStatus(errno, "open", devices_dir);

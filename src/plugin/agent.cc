@@ -28,12 +28,12 @@
 #include "resource_server.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
-#include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/node/source.h"
+#include "vfio_gpu_agent/node/watch.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
 #include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
-#include "watchers.h"
 
 namespace vfio_agent::plugin {
 
@@ -149,8 +149,13 @@ class Agent::Impl {
       : options_(std::move(options)),
         kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
                                                         : options_.kubelet_socket),
-        names_(options_.pci_ids, options_.domain, options_.overrides),
-        catalog_(options_.vgpu_catalog_file) {
+        source_({.paths = options_.paths,
+                 .policy = options_.policy,
+                 .workload = options_.workload,
+                 .pci_ids = options_.pci_ids,
+                 .domain = options_.domain,
+                 .overrides = options_.overrides,
+                 .vgpu_catalog_file = options_.vgpu_catalog_file}) {
     if (!options_.fabric.address.empty()) {
       const fabric::NvfmOptions nvfm{.address = options_.fabric.address, .library = options_.fabric_library};
       fabric_ = std::make_unique<fabric::PartitionManager>(
@@ -185,17 +190,14 @@ class Agent::Impl {
   void ScanLoop();
   void RequestScan();
   std::optional<DeviceSnapshot> BuildFromSysfs();
-  // The snapshot of one scan in the configured workload mode; only the scanner (and Start, before it) calls it.
-  absl::StatusOr<DeviceSnapshot> Build(const pci::Inventory& inventory);
-  absl::StatusOr<DeviceSnapshot> BuildVgpu(const pci::Inventory& inventory);
+  // What the plugin serves of one scan in the configured workload mode; only the scanner (and Start, before it)
+  // calls it.
+  DeviceSnapshot Build(const node::State& state);
+  DeviceSnapshot BuildVgpu(const node::State& state);
   // Releases partitions no pod holds and follows FM's state; a change of what FM vouches for rescans.
   void FabricLoop();
   void Apply(DeviceSnapshot next);
   void Reconcile();
-  absl::StatusOr<pci::Inventory> ScanSysfs() const {
-    return pci::Scan(options_.paths.sysfs_root,
-                     {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
-  }
   void Serve(Resource& resource);
   void StartRegister(Resource& resource, const FileId& kubelet);
   void RegisterDone(const RegisterCall& call);
@@ -205,10 +207,10 @@ class Agent::Impl {
 
   const ServeOptions options_;
   const std::filesystem::path kubelet_socket_;
-  const names::NameResolver names_;
-  internal::DirWatcher dirs_;
-  internal::UdevMonitor udev_;
-  internal::Wakeup wakeup_;
+  node::Source source_;  // the scanner's (and Start's, before it)
+  node::DirWatcher dirs_;
+  node::UdevMonitor udev_;
+  node::Wakeup wakeup_;
   std::unique_ptr<fabric::PartitionManager> fabric_;
   std::thread loop_;
   std::thread scanner_;
@@ -235,7 +237,6 @@ class Agent::Impl {
   std::condition_variable fabric_cv_;
   bool scan_requested_ = false;
   std::set<std::string> remembered_;
-  vgpu::CatalogStore catalog_;
   DeviceSnapshot vgpu_previous_;
   vgpu::Framework vgpu_framework_ = vgpu::Framework::kNone;
   std::set<std::string> vgpu_problems_;
@@ -255,13 +256,8 @@ absl::Status Agent::Impl::Start() {
                    options_.rescan_interval.count());
     }
   }
-  if (options_.workload == Workload::kVmVgpu) {
-    if (absl::Status loaded = catalog_.Load(); !loaded.ok()) {
-      spdlog::warn("vGPU: {}; starting with no remembered catalog (rewritten when a card lists its types)",
-                   loaded.ToString());
-    }
-  }
-  absl::StatusOr<pci::Inventory> first = ScanSysfs();
+  source_.Open();
+  absl::StatusOr<std::shared_ptr<const node::State>> first = source_.Rescan();
   if (!first.ok()) return first.status();
   // Before the first list: a GPU FM cannot vouch for yet is not advertised Healthy for a moment.
   if (fabric_) {
@@ -272,9 +268,7 @@ absl::Status Agent::Impl::Start() {
   }
   {
     std::lock_guard lock(mu_);
-    absl::StatusOr<DeviceSnapshot> snapshot = Build(*first);
-    if (!snapshot.ok()) return snapshot.status();
-    Apply(*std::move(snapshot));
+    Apply(Build(**first));
     Reconcile();
   }
   started_ = true;
@@ -443,34 +437,28 @@ void Agent::Impl::ScanLoop() {
 }
 
 std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs() {
-  absl::StatusOr<pci::Inventory> inventory = ScanSysfs();
-  if (!inventory.ok()) {
-    spdlog::error("rescan: {}; keeping the previous device set", inventory.status().ToString());
+  absl::StatusOr<std::shared_ptr<const node::State>> state = source_.Rescan();
+  if (!state.ok()) {
+    spdlog::error("rescan: {}; keeping the previous device set", state.status().ToString());
     return std::nullopt;
   }
-  absl::StatusOr<DeviceSnapshot> next = Build(*inventory);
-  if (!next.ok()) {
-    spdlog::error("rescan: {}; keeping the previous device set", next.status().ToString());
-    return std::nullopt;
-  }
-  return *std::move(next);
+  return Build(**state);
 }
 
-absl::StatusOr<DeviceSnapshot> Agent::Impl::Build(const pci::Inventory& inventory) {
-  if (options_.workload == Workload::kVmVgpu) return BuildVgpu(inventory);
-  const pci::Selection selection = pci::Select(inventory, options_.policy);
-  DeviceSnapshot next = BuildSnapshot(options_.paths, inventory, selection, names_, remembered_);
+DeviceSnapshot Agent::Impl::Build(const node::State& state) {
+  if (options_.workload == Workload::kVmVgpu) return BuildVgpu(state);
+  DeviceSnapshot next = WholeDevicesOf(state.snapshot, remembered_);
   if (fabric_) MarkUnusable(next, [this](const std::string& id) { return fabric_->Unusable(id); });
   remembered_ = AdvertisedIds(next);
   return next;
 }
 
-absl::StatusOr<DeviceSnapshot> Agent::Impl::BuildVgpu(const pci::Inventory& inventory) {
-  absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, inventory, catalog_);
-  if (!discovery.ok()) return discovery.status();
-  VgpuSnapshot built = BuildVgpuSnapshot(options_.paths, inventory, *discovery, options_.domain, vgpu_previous_);
-  if (discovery->framework.ok() && *discovery->framework != vgpu_framework_) {
-    vgpu_framework_ = *discovery->framework;
+DeviceSnapshot Agent::Impl::BuildVgpu(const node::State& state) {
+  const vgpu::Discovery& discovery = *state.discovery;
+  VgpuSnapshot built =
+      VgpusOf(state.snapshot, vgpu::GoneReasons(options_.paths.sysfs_root, state.inventory, discovery), vgpu_previous_);
+  if (discovery.framework.ok() && *discovery.framework != vgpu_framework_) {
+    vgpu_framework_ = *discovery.framework;
     spdlog::info("vGPU framework: {}", vgpu::FrameworkName(vgpu_framework_));
   }
   // Each problem once, while it lasts: the safety rescan must not repeat them every minute.

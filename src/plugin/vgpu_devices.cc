@@ -5,10 +5,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/vgpu/health.h"
-#include "vfio_gpu_agent/vgpu/served.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -26,42 +24,27 @@ ResourceDevices& ResourceFor(DeviceSnapshot& snapshot, const std::string& resour
 
 }  // namespace
 
-VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
-                               const vgpu::Discovery& discovery, std::string_view domain,
-                               const DeviceSnapshot& previous) {
+VgpuSnapshot VgpusOf(const node::Snapshot& node, const vgpu::GoneReasons& gone, const DeviceSnapshot& previous) {
   VgpuSnapshot out;
+  out.problems = node.vgpu_problems;
   DeviceSnapshot& snapshot = out.snapshot;
-  snapshot.iommufd = fs::Exists(paths.dev_root / "iommu");
-  vgpu::ServedVgpus served = vgpu::ServedVgpusOf(discovery, inventory, domain);
-  out.problems = std::move(served.problems);
-  for (const vgpu::ServedMdev& entry : served.mdevs) {
-    const vgpu::Mdev& mdev = *entry.mdev;
-    PluginDevice device;
-    device.id = mdev.uuid;
-    device.unhealthy_reason = vgpu::MdevUnhealthyReason(paths, mdev, entry.parent);
-    device.healthy = device.unhealthy_reason.empty();
-    device.numa_node = entry.parent != nullptr ? entry.parent->numa_node : std::nullopt;
-    device.iommu_group = mdev.iommu_group;
-    device.group_functions = {mdev.uuid};
-    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kMdevUuid).devices.push_back(std::move(device));
-  }
-  for (const vgpu::ServedVf& entry : served.vfs) {
-    const pci::Function& fn = *entry.vf;
-    PluginDevice device;
-    device.id = fn.bdf;
-    device.unhealthy_reason = vgpu::VfUnhealthyReason(paths, fn, snapshot.iommufd);
-    device.healthy = device.unhealthy_reason.empty();
-    device.numa_node = entry.pf != nullptr ? entry.pf->numa_node : fn.numa_node;
-    device.iommu_group = fn.iommu_group;
-    device.group_functions = {fn.bdf};
-    device.vfio_cdevs = fn.vfio_cdevs;
-    ResourceFor(snapshot, entry.resource_name, DeviceIdKind::kPciAddress).devices.push_back(std::move(device));
+  snapshot.iommufd = node.iommufd;
+  for (const node::Device& vgpu : node.devices) {
+    if (!node::IsVgpu(vgpu.kind)) continue;
+    const DeviceIdKind kind = vgpu.kind == node::Kind::kMdev ? DeviceIdKind::kMdevUuid : DeviceIdKind::kPciAddress;
+    ResourceFor(snapshot, vgpu.resource_name, kind)
+        .devices.push_back({.id = vgpu.id,
+                            .healthy = vgpu.healthy(),
+                            .unhealthy_reason = vgpu.unhealthy_reason,
+                            .numa_node = vgpu.numa_node,
+                            .iommu_group = vgpu.iommu_group,
+                            .group_functions = vgpu.group_functions,
+                            .vfio_cdevs = vgpu.vfio_cdevs});
   }
 
   auto by_id = [](const PluginDevice& a, const PluginDevice& b) { return a.id < b.id; };
   for (auto& [name, resource] : snapshot.resources) std::sort(resource.devices.begin(), resource.devices.end(), by_id);
 
-  const vgpu::GoneReasons gone(paths.sysfs_root, inventory, discovery);
   std::map<std::string, std::vector<PluginDevice>> kept;  // by resource name
   for (const auto& entry : previous.resources) {
     const ResourceDevices& before = entry.second;
@@ -86,6 +69,14 @@ VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inv
     std::sort(resource.devices.begin(), resource.devices.end(), by_id);
   }
   return out;
+}
+
+VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
+                               const vgpu::Discovery& discovery, std::string_view domain,
+                               const DeviceSnapshot& previous) {
+  const names::NameResolver names(nullptr, std::string(domain), {});
+  const node::Snapshot node = node::Build(paths, inventory, pci::Selection{}, names, &discovery);
+  return VgpusOf(node, vgpu::GoneReasons(paths.sysfs_root, inventory, discovery), previous);
 }
 
 }  // namespace vfio_agent::plugin

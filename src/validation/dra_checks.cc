@@ -274,10 +274,15 @@ DraExpectedDevices ExpectedDraDevices(const NodeView& node, const DraValidation&
   DraExpectedDevices expected{.vgpus = node.workload == Workload::kVmVgpu};
   std::vector<dra::GpuDevice> devices;
   if (expected.vgpus) {
-    dra::VgpuDevices vgpus = dra::BuildVgpuDevices(node.paths, *node.inventory, *node.vgpu->discovery, pci_ids,
-                                                   node.vgpu->domain, dra.driver.driver_name, {});
+    const vgpu::GoneReasons gone(node.paths.sysfs_root, *node.inventory, *node.vgpu->discovery);
+    dra::VgpuDevices vgpus = node.model != nullptr
+                                 ? dra::VgpusOf(*node.model, gone, pci_ids, node.vgpu->domain, dra.driver.driver_name, {})
+                                 : dra::BuildVgpuDevices(node.paths, *node.inventory, *node.vgpu->discovery, pci_ids,
+                                                         node.vgpu->domain, dra.driver.driver_name, {});
     for (dra::VgpuDevice& vgpu : vgpus.vgpus) devices.push_back(std::move(vgpu.device));
     expected.problems = std::move(vgpus.problems);
+  } else if (node.model != nullptr && !dra.driver.bind_on_prepare) {
+    devices = dra::GpusOf(*node.model, *node.inventory, pci_ids, dra.driver.driver_name, {});
   } else {
     devices = dra::BuildDevices(node.paths, *node.inventory, *node.selection, names, pci_ids, dra.driver.driver_name, {},
                                 dra.driver.bind_on_prepare);

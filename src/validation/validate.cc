@@ -58,14 +58,12 @@ std::string CountsText(const rpt::Counts& c) {
 // here), the snapshot the agent would advertise from it, and the profiles config.
 struct VgpuNode {
   vgpu::Discovery discovery;
-  plugin::DeviceSnapshot snapshot;
   VgpuView view;
 };
 
 // Fills `out` in place: its view points into it.
 void ReadVgpuNode(const ValidateOptions& options, const pci::Inventory& inventory, VgpuNode& out) {
   out.discovery = DiscoverVgpusReadOnly(options.paths.sysfs_root, inventory, options.vgpu_catalog_file);
-  out.snapshot = plugin::BuildVgpuSnapshot(options.paths, inventory, out.discovery, options.resource_domain, {}).snapshot;
   out.view.discovery = &out.discovery;
   out.view.domain = options.resource_domain;
   if (options.vgpu_config_file) {
@@ -180,17 +178,19 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   if (!inventory.ok()) return inventory.status();
   const pci::Selection selection = pci::Select(*inventory, options.policy);
   const names::NameResolver names(options.pci_ids, options.resource_domain, options.name_overrides);
-  // The rules the agent itself applies (names, health; no config read of a GPU in D3cold).
-  const plugin::DeviceSnapshot expected = plugin::BuildSnapshot(options.paths, *inventory, selection, names, {});
-  NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .expected = &expected,
-                .workload = options.workload};
   const bool vgpu_node = options.workload == Workload::kVmVgpu;
   VgpuNode vgpu_state;
-  if (vgpu_node) {
-    ReadVgpuNode(options, *inventory, vgpu_state);
-    node.expected = &vgpu_state.snapshot;
-    node.vgpu = &vgpu_state.view;
-  }
+  if (vgpu_node) ReadVgpuNode(options, *inventory, vgpu_state);
+  // The node's model by the rules the agent itself applies (names, health; no config read of a GPU in D3cold).
+  const node::Snapshot model =
+      node::Build(options.paths, *inventory, selection, names, vgpu_node ? &vgpu_state.discovery : nullptr);
+  const plugin::DeviceSnapshot expected =
+      vgpu_node ? plugin::VgpusOf(model, vgpu::GoneReasons(options.paths.sysfs_root, *inventory, vgpu_state.discovery),
+                                  {}).snapshot
+                : plugin::WholeDevicesOf(model, {});
+  NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .model = &model,
+                .expected = &expected, .workload = options.workload};
+  if (vgpu_node) node.vgpu = &vgpu_state.view;
 
   // --bind-on-prepare: layer 2 wants on vfio only what a prepared claim holds.
   std::optional<absl::StatusOr<dra::CheckpointRead>> checkpoint;

@@ -12,6 +12,7 @@
 #include "vfio_gpu_agent/dra/attributes.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 
@@ -34,6 +35,11 @@ struct GpuDevice {
 // stays, unhealthy ("gone from sysfs"), with its last attributes, until it is back: a pod holding it then sees
 // Unhealthy, not Unknown, and the scheduler does not pick it. With `bind_on_prepare` a GPU on its host driver is
 // healthy when a Prepare could bind it (DriverOptions::bind_on_prepare).
+// The GPUs of `node` (a model of the scan `inventory`), with the devices of `previous` gone from it kept as above.
+std::vector<GpuDevice> GpusOf(const node::Snapshot& node, const pci::Inventory& inventory,
+                              const names::PciIdsDatabase* pci_ids, std::string_view driver,
+                              const std::vector<GpuDevice>& previous);
+// node::Build (with `bind_on_prepare`), then GpusOf.
 std::vector<GpuDevice> BuildDevices(const HostPaths& paths, const pci::Inventory& inventory,
                                     const pci::Selection& selection, const names::NameResolver& names,
                                     const names::PciIdsDatabase* pci_ids, std::string_view driver,
@@ -46,7 +52,6 @@ kube::DeviceTaint UnhealthyTaint(std::string_view driver);
 // pci.ids' product name cut to the longest attribute string the API takes; nullopt without one.
 std::optional<std::string> ProductName(const names::PciIdsDatabase* pci_ids, uint16_t vendor_id, uint16_t device_id);
 
-// "pci0000:00" for a device whose sysfs path is .../devices/pci0000:00/.../<bdf>; "" when it cannot be resolved.
-std::string PcieRoot(const HostPaths& paths, const std::string& bdf);
+using node::PcieRoot;
 
 }  // namespace vfio_agent::dra

@@ -16,6 +16,7 @@
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/vgpu/health.h"
 
 namespace vfio_agent::dra {
 
@@ -40,6 +41,10 @@ struct VgpuDevices {
 // `previous` that is gone stays, unhealthy with the reason (mdev removed, VF retyped, ...) and its last attributes,
 // until its resource publishes a vGPU `previous` did not have (the vGPUs were recreated) or the agent restarts,
 // as the device plugin keeps them. `pci_ids` may be null (no productName).
+// The vGPUs of `node` (node::Build with a discovery), with those of `previous` that are gone kept as above; `gone`
+// answers for the scan `node` was built from.
+VgpuDevices VgpusOf(const node::Snapshot& node, const vgpu::GoneReasons& gone, const names::PciIdsDatabase* pci_ids,
+                    std::string_view domain, std::string_view driver, const std::vector<GpuDevice>& previous);
 VgpuDevices BuildVgpuDevices(const HostPaths& paths, const pci::Inventory& inventory, const vgpu::Discovery& discovery,
                              const names::PciIdsDatabase* pci_ids, std::string_view domain, std::string_view driver,
                              const std::vector<GpuDevice>& previous);

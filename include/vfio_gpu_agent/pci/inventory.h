@@ -101,6 +101,10 @@ class Inventory {
 // listed.
 absl::StatusOr<Inventory> Scan(const std::filesystem::path& sysfs_root, const ScanOptions& options = {});
 
+// How many Scans this process has started, over every thread: what tests and benchmarks count a pass's sysfs
+// scans by (one per `run` pass is the target: node::Source).
+uint64_t ScansStarted();
+
 // Reads one device in full; used by code that re-checks a single device (binding, health).
 absl::StatusOr<Function> ReadFunction(const std::filesystem::path& sysfs_root, const std::string& bdf);
 

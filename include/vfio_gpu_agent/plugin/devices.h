@@ -1,6 +1,7 @@
-// The transport-independent device model of the sandbox device plugin: what each extended resource
-// advertises (ListAndWatch) and what Allocate hands out, derived from sysfs and the dev root only.
-// A later DRA front-end can reuse it unchanged.
+// What the device plugin serves: each extended resource's devices (ListAndWatch) and what Allocate hands out,
+// derived from the node's model (node::Snapshot), which the DRA driver and `validate` read too. Only the
+// device plugin's own policy lives here: which devices it advertises (a GPU once seen on vfio), and how they group
+// into resources.
 #pragma once
 
 #include <functional>
@@ -12,6 +13,7 @@
 
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/pci/vfio_health.h"
@@ -66,10 +68,12 @@ struct DeviceSnapshot {
 // The (vendor, device) ids of every selected GPU and NVSwitch in `inventory`, whatever its driver: what the node's
 // selection could advertise. The first name resolution of a process is made over these (NameResolver), so
 // `inspect` and `serve` give the same names and binding a GPU later renames nothing.
-std::vector<std::pair<uint16_t, uint16_t>> AdvertisableIds(const pci::Inventory& inventory,
-                                                           const pci::Selection& selection);
+using node::AdvertisableIds;
 
-// Builds the snapshot from one scan. Only selected GPUs and NVSwitches are resources (a switch model under its
+// The whole GPUs and NVSwitches of `node` the device plugin advertises (see BuildSnapshot).
+DeviceSnapshot WholeDevicesOf(const node::Snapshot& node, const std::set<std::string>& remembered);
+
+// Builds the snapshot from one scan (node::Build, then WholeDevicesOf). Only selected GPUs and NVSwitches are resources (a switch model under its
 // own name, as a GPU model is); companions are never advertised on their own. A device is advertised once it
 // has been seen on a vfio driver (now, or in `remembered`, the ids advertised by the previous snapshot) and for
 // as long as it stays in sysfs, so an unbound one turns Unhealthy instead of vanishing. Healthy = vfio driver, group node present under <dev_root>/vfio (or, on

@@ -12,8 +12,10 @@
 
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
+#include "vfio_gpu_agent/vgpu/health.h"
 
 namespace vfio_agent::plugin {
 
@@ -30,6 +32,9 @@ struct VgpuSnapshot {
 // reason (mdev removed; VF off `nvidia`, type back to 0, retyped, gone; both frameworks), until its resource
 // advertises a vGPU `previous` did not have (the vGPUs were recreated) or the agent restarts. On a node with
 // both frameworks nothing new is advertised.
+// The vGPUs of `node` (node::Build with a discovery), with those of `previous` that are gone kept as above; `gone`
+// answers for the scan `node` was built from.
+VgpuSnapshot VgpusOf(const node::Snapshot& node, const vgpu::GoneReasons& gone, const DeviceSnapshot& previous);
 VgpuSnapshot BuildVgpuSnapshot(const HostPaths& paths, const pci::Inventory& inventory,
                                const vgpu::Discovery& discovery, std::string_view domain,
                                const DeviceSnapshot& previous);

@@ -20,6 +20,7 @@
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/vgpu/config.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
@@ -52,14 +53,15 @@ struct Check {
   std::string fix;      // one or two concrete lines (kernel parameter, BIOS setting, command); "" on pass
 };
 
-// What the node is expected to advertise: the snapshot the device plugin would build from this host now
-// (plugin::BuildSnapshot over the current scan and the same name rules the agent uses).
-// On a vm-vgpu node `expected` is the vGPU snapshot (plugin::BuildVgpuSnapshot over `vgpu->discovery`).
+// The node as the serving agent sees it: `model` is node::Build over the current scan (with the vGPU discovery on a
+// vm-vgpu node) and the same name rules the agent uses, and `expected` what the device plugin would advertise of it
+// (plugin::WholeDevicesOf, or on a vm-vgpu node plugin::VgpusOf).
 struct VgpuView;
 struct NodeView {
   HostPaths paths;
   const pci::Inventory* inventory = nullptr;
   const pci::Selection* selection = nullptr;
+  const node::Snapshot* model = nullptr;
   const plugin::DeviceSnapshot* expected = nullptr;
   Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `expected` holds vGPUs, and the messages say so
   const VgpuView* vgpu = nullptr;  // vm-vgpu only

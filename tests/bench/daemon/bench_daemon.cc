@@ -14,6 +14,7 @@
 #include "kube_api_sim.h"
 #include "run_harness.h"
 #include "vfio_gpu_agent/daemon/daemon.h"
+#include "vfio_gpu_agent/pci/inventory.h"
 
 namespace vfio_agent::daemon::testing {
 namespace {
@@ -107,6 +108,70 @@ void BM_ReconcilePass8Gpus(benchmark::State& state) {
 }
 BENCHMARK(BM_ReconcilePass8Gpus)->Iterations(200)->Repetitions(5)->ReportAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
+
+// sysfs scans (pci::Scan on every thread of the process: the pass, the frontend's scanner) for one `run` pass on a
+// ready node with nothing to do (scans_per_pass), and for a GPU knocked off vfio until the kubelet has it healthy
+// again and no scan has started for 300 ms (scans_per_rebind: the loop's pass or passes, the binds, the frontend's
+// rescans on the device events).
+bool OnVfio(const HostPaths& paths, const std::string& bdf) {
+  std::error_code ec;
+  return std::filesystem::read_symlink(paths.PciDevice(bdf) / "driver", ec).filename() == "vfio-pci";
+}
+
+bool ScansQuiet() {
+  uint64_t seen = pci::ScansStarted();
+  Clock::time_point since = Clock::now();
+  return WaitUntil([&] {
+    const uint64_t now = pci::ScansStarted();
+    if (now != seen) {
+      seen = now;
+      since = Clock::now();
+    }
+    return Clock::now() - since >= std::chrono::milliseconds(300);
+  });
+}
+
+void BM_ScansPerPass(benchmark::State& state) {
+  std::unique_ptr<Node> node = FreshNode();
+  if (!node) {
+    state.SkipWithError("simulated node");
+    return;
+  }
+  DaemonOptions options;
+  options.serve = node->options;
+  options.serve.paths.pod_resources_socket = PodResourcesSocket(*node);
+  options.bind.paths = options.serve.paths;
+  options.health_port = 0;
+  options.metrics_port = 0;
+  options.resync_interval = std::chrono::hours(1);
+  Daemon daemon(options, nullptr);
+  if (!daemon.Start().ok() || !WaitUntil([&] { daemon.ReconcileNow(); return daemon.State().ready; })) {
+    state.SkipWithError("daemon not ready");
+    return;
+  }
+  uint64_t pass_scans = 0, rebind_scans = 0;
+  int round = 0;
+  for (auto _ : state) {
+    if (!ScansQuiet()) break;
+    uint64_t before = pci::ScansStarted();
+    daemon.ReconcileNow();
+    if (!ScansQuiet()) break;
+    pass_scans += pci::ScansStarted() - before;
+    const std::string& bdf = kH200Gpus[round++ % kH200Gpus.size()];
+    before = pci::ScansStarted();
+    if (!node->Control("set-driver " + bdf + " none").ok() ||
+        !WaitUntil([&] { return OnVfio(options.serve.paths, bdf) && daemon.State().ready; }, std::chrono::seconds(30)) ||
+        !ScansQuiet()) {
+      state.SkipWithError("GPU not re-bound");
+      break;
+    }
+    rebind_scans += pci::ScansStarted() - before;
+  }
+  state.counters["scans_per_pass"] = static_cast<double>(pass_scans) / static_cast<double>(state.iterations());
+  state.counters["scans_per_rebind"] = static_cast<double>(rebind_scans) / static_cast<double>(state.iterations());
+  daemon.Stop();
+}
+BENCHMARK(BM_ScansPerPass)->Iterations(5)->Unit(benchmark::kMillisecond);
 
 // A GPU knocked off vfio by someone else -> the loop re-binds it -> the kubelet gets the healthy list again
 // (kubelet simulator timestamps). Covers detection (inotify on /dev/vfio), the bind and "advertised within

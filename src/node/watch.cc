@@ -1,4 +1,4 @@
-#include "watchers.h"
+#include "vfio_gpu_agent/node/watch.h"
 
 #include <libudev.h>
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/fs.h"
 
-namespace vfio_agent::plugin::internal {
+namespace vfio_agent::node {
 namespace {
 
 constexpr uint32_t kDirEvents =
@@ -38,7 +38,8 @@ absl::Status DirWatcher::Open() {
 }
 
 void DirWatcher::Refresh(const std::filesystem::path& kubelet_dir, const std::filesystem::path& dev_root) {
-  if (kubelet_wd_ < 0) kubelet_wd_ = AddWatch(fd_, kubelet_dir);
+  kubelet_ = !kubelet_dir.empty();
+  if (kubelet_ && kubelet_wd_ < 0) kubelet_wd_ = AddWatch(fd_, kubelet_dir);
   if (dev_wd_ < 0) dev_wd_ = AddWatch(fd_, dev_root);
   if (vfio_wd_ < 0) vfio_wd_ = AddWatch(fd_, dev_root / "vfio");
 }
@@ -116,4 +117,4 @@ void Wakeup::Drain() {
   (void)!::read(fd_, &value, sizeof value);
 }
 
-}  // namespace vfio_agent::plugin::internal
+}  // namespace vfio_agent::node
