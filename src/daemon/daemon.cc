@@ -320,7 +320,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   // polls; a change of a label the agent acts on starts a pass at once.
   std::mutex watch_mu_;
   std::optional<Labels> watched_labels_;
-  plugin::internal::Wakeup label_wakeup_;
+  node::Wakeup label_wakeup_;
   std::string acted_labels_;  // RelevantLabels of the labels the last pass read (the loop's)
   bool workload_labels_error_logged_ = false;
   std::string mode_change_;  // "vm-passthrough -> vm-vgpu (why)" until the first pass of the new mode reported it

@@ -138,7 +138,7 @@ class Driver::Impl {
     if (options_.publish_slices && options_.watch_slices) {
       slice_watch_ = options_.watch_slices([this] {
         slices_changed_ = true;
-        watch_.Wake();
+        wakeup_.Notify();
       });
     }
     if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
