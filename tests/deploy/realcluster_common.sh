@@ -92,6 +92,15 @@ slice_devices() {
         -o jsonpath='{range .items[*]}{range .spec.devices[*]}{.name}{"\n"}{end}{end}' 2>/dev/null | grep -c .
 }
 slices_are() { [ "$(slice_devices)" = "$1" ]; }
+slice_names() {
+    K get resourceslices --field-selector "spec.nodeName=$NODE,spec.driver=$DRIVER" \
+        -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null | sort
+}
+# slices_replaced_and_are N OLD_NAMES: none of the slices named OLD_NAMES is left, and the node's slices hold N
+# devices (the agent's new slices have new names: it creates them with generateName).
+slices_replaced_and_are() {
+    [ -z "$(comm -12 <(slice_names) <(printf '%s\n' "$2" | sort))" ] && slices_are "$1"
+}
 # cleanup_dra [SELECTOR]: cleanup_common of the DRA overlay, the node's slices, and the test's pods and claim
 # templates labelled SELECTOR.
 cleanup_dra() {
