@@ -7,7 +7,7 @@
 #include <cstring>
 #include <set>
 
-#include "vfio_gpu_agent/daemon/daemon.h"
+#include "daemon_impl.h"
 
 namespace vfio_agent::daemon {
 namespace {
@@ -45,6 +45,50 @@ std::vector<std::string> ForeignPluginSockets(const std::filesystem::path& kubel
   }
   std::sort(foreign.begin(), foreign.end());
   return foreign;
+}
+
+std::optional<Readiness> Daemon::Impl::RefusalNow(const std::vector<std::string>& resource_names) {
+  std::vector<std::string> why;
+  for (const std::string& socket : ForeignPluginSockets(options_.serve.paths.kubelet_dir, resource_names)) {
+    why.push_back(absl::StrCat("another device plugin answers on ", socket,
+                               " (remove the GPU Operator's sandbox device plugin from this node)"));
+  }
+  if (reporter_) {
+    const absl::StatusOr<Labels>& labels = PassLabels();
+    if (!labels.ok()) {
+      if (!labels_error_logged_) {
+        spdlog::warn("coexistence: node labels unreadable ({}); deciding from the kubelet directory alone",
+                     labels.status().ToString());
+        labels_error_logged_ = true;
+      }
+    } else {
+      labels_error_logged_ = false;
+      for (const char* label : kOperatorLabels) {
+        auto it = labels->find(label);
+        if (it != labels->end() && it->second == "true") {
+          why.push_back(absl::StrCat("node label ", label, "=true (set it to false: kubectl label node <node> ", label,
+                                     "=false --overwrite)"));
+        }
+      }
+    }
+  }
+  if (why.empty()) return std::nullopt;
+  return Readiness{.ready = false,
+                   .check_id = "coexistence.operator",
+                   .reason = kOperatorReason,
+                   .message = absl::StrCat("coexistence.operator: the GPU Operator still manages this node: ",
+                                           absl::StrJoin(why, "; "), "; not binding or registering")};
+}
+
+bool Daemon::Impl::StillRefused(const std::vector<std::string>& resource_names) {
+  if (std::optional<Readiness> refusal = RefusalNow(resource_names)) {
+    next_coexistence_ = Clock::now() + options_.coexistence_recheck;
+    next_pass_ = next_coexistence_;
+    Publish(*refusal);
+    return true;
+  }
+  refused_ = false;
+  return false;
 }
 
 }  // namespace vfio_agent::daemon

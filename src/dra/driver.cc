@@ -92,14 +92,18 @@ class Driver::Impl {
  public:
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
-        source_({.paths = options_.paths,
-                 .policy = options_.policy,
-                 .workload = options_.workload,
-                 .pci_ids = options_.pci_ids,
-                 .domain = options_.domain,
-                 .overrides = options_.overrides,
-                 .vgpu_catalog_file = options_.vgpu_catalog_file,
-                 .build = {.bind_on_prepare = options_.bind_on_prepare}}),
+        own_source_(options_.source != nullptr
+                        ? nullptr
+                        : std::make_unique<node::Source>(node::SourceOptions{
+                              .paths = options_.paths,
+                              .policy = options_.policy,
+                              .workload = options_.workload,
+                              .pci_ids = options_.pci_ids,
+                              .domain = options_.domain,
+                              .overrides = options_.overrides,
+                              .vgpu_catalog_file = options_.vgpu_catalog_file,
+                              .build = {.bind_on_prepare = options_.bind_on_prepare}})),
+        source_(options_.source != nullptr ? *options_.source : *own_source_),
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
@@ -121,7 +125,22 @@ class Driver::Impl {
       fabric_changed_ = true;
       wakeup_.Notify();
     });
-    Rescan();  // the health stream's first message is the real list, never an empty one
+    // The health stream's first message is the real list, never an empty one. A shared source's owner scanned just
+    // before starting the driver.
+    if (std::shared_ptr<const node::State> current = own_source_ ? nullptr : source_.Current(); Fits(current)) {
+      Take(current);
+    } else {
+      Rescan();
+    }
+    if (!own_source_) {
+      subscription_ = source_.Subscribe([this](const std::shared_ptr<const node::State>& state) {
+        {
+          std::lock_guard lock(posted_mu_);
+          posted_ = state;
+        }
+        wakeup_.Notify();
+      });
+    }
     auto dra = ServeOn(DraSocket(options_), {&v1_, &v1beta1_, &health_, health_.v1()});
     if (!dra.ok()) return dra.status();
     dra_server_ = *std::move(dra);
@@ -146,6 +165,7 @@ class Driver::Impl {
   }
 
   void Stop() {
+    if (subscription_) source_.Unsubscribe(*std::exchange(subscription_, std::nullopt));
     fabric_.Stop();
     slice_watch_.reset();  // joins the watch's thread: no wake-up after this
     if (loop_.joinable()) {
@@ -209,12 +229,37 @@ class Driver::Impl {
       spdlog::error("DRA rescan: {}; keeping the previous device list", state.status().ToString());
       return;
     }
+    Take(*state);
+  }
+
+  // A state the driver's mode can be built from: vm-vgpu needs a scan that discovered the vGPUs.
+  bool Fits(const std::shared_ptr<const node::State>& state) const {
+    return state != nullptr && (options_.workload != Workload::kVmVgpu || state->discovery.has_value());
+  }
+
+  // With a shared source: the newest state it handed over (nullptr: none since the last), else, for Fabric
+  // Manager's news, the newest state at all; without one, a scan of our own.
+  void Refresh(bool fabric_changed) {
+    if (own_source_) {
+      Rescan();
+      return;
+    }
+    std::shared_ptr<const node::State> state;
+    {
+      std::lock_guard lock(posted_mu_);
+      state = std::exchange(posted_, nullptr);
+    }
+    if (!state && fabric_changed) state = source_.Current();
+    if (Fits(state)) Take(state);
+  }
+
+  void Take(const std::shared_ptr<const node::State>& state) {
     std::vector<GpuDevice> previous = Devices();
     std::vector<GpuDevice> next;
     if (options_.workload == Workload::kVmVgpu) {
-      next = Vgpus(**state, previous);
+      next = Vgpus(*state, previous);
     } else {
-      next = GpusOf((*state)->snapshot, (*state)->inventory, options_.pci_ids, options_.driver_name, previous);
+      next = GpusOf(state->snapshot, state->inventory, options_.pci_ids, options_.driver_name, previous);
       fabric_.AddAttributes(&next);
       fabric_.MarkUnusable(&next);
     }
@@ -386,17 +431,23 @@ class Driver::Impl {
       const bool devices_changed = WaitForDevices(wake);
       if (stopping_) break;
       const Clock::time_point now = Clock::now();
-      bool rescan = fabric_changed_.exchange(false);  // FM's partitions, and so the attributes, may have changed
-      if (devices_changed) {
-        rescan = true;
-        settle = now + kSettleRescan;
-      } else if (now >= settle) {
-        settle = Clock::time_point::max();
-        rescan = true;
-      }
-      if (rescan || now >= next_rescan) {
-        next_rescan = now + options_.rescan_interval;
-        Rescan();
+      const bool fabric_changed = fabric_changed_.exchange(false);  // FM's partitions, so the attributes, may differ
+      bool rescan = fabric_changed;
+      if (!own_source_) {
+        // `run`'s loop follows the devices and rescans the shared source; its states arrive through the subscription.
+        Refresh(fabric_changed);
+      } else {
+        if (devices_changed) {
+          rescan = true;
+          settle = now + kSettleRescan;
+        } else if (now >= settle) {
+          settle = Clock::time_point::max();
+          rescan = true;
+        }
+        if (rescan || now >= next_rescan) {
+          next_rescan = now + options_.rescan_interval;
+          Rescan();
+        }
       }
       if (Clock::now() >= next_health_) SendHealth(Devices());
     }
@@ -415,7 +466,13 @@ class Driver::Impl {
   static constexpr std::chrono::seconds kSliceBurstInterval{1};
 
   const DriverOptions options_;
-  node::Source source_;  // the loop thread's (Start's first Rescan runs before the thread exists)
+  // The loop thread's (Start's first Rescan runs before the thread exists): the driver's own (`serve`), or `run`'s,
+  // whose subscription posts each new state to the loop.
+  const std::unique_ptr<node::Source> own_source_;
+  node::Source& source_;
+  std::optional<uint64_t> subscription_;
+  std::mutex posted_mu_;
+  std::shared_ptr<const node::State> posted_;
   internal::RegistrationService registration_;
   internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;

@@ -10,12 +10,34 @@ Source::Source(SourceOptions options)
       catalog_(options_.vgpu_catalog_file) {}
 
 void Source::Open() {
-  if (options_.workload != Workload::kVmVgpu) return;
   std::lock_guard lock(scan_mu_);
+  if (options_.workload == Workload::kVmVgpu) OpenLocked();
+}
+
+void Source::OpenLocked() {
+  if (catalog_open_) return;
+  catalog_open_ = true;
   if (absl::Status loaded = catalog_.Load(); !loaded.ok()) {
     spdlog::warn("vGPU: {}; starting with no remembered catalog (rewritten when a card lists its types)",
                  loaded.ToString());
   }
+}
+
+void Source::SetWorkload(Workload workload) {
+  std::lock_guard lock(scan_mu_);
+  options_.workload = workload;
+  if (workload == Workload::kVmVgpu) OpenLocked();
+}
+
+Workload Source::workload() const {
+  std::lock_guard lock(scan_mu_);
+  return options_.workload;
+}
+
+void Source::WithCatalog(const std::function<void(vgpu::CatalogStore&)>& use) {
+  std::lock_guard lock(scan_mu_);
+  OpenLocked();
+  use(catalog_);
 }
 
 absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
@@ -27,6 +49,7 @@ absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
   state->inventory = *std::move(inventory);
   state->selection = pci::Select(state->inventory, options_.policy);
   if (options_.workload == Workload::kVmVgpu) {
+    OpenLocked();
     absl::StatusOr<vgpu::Discovery> discovery = vgpu::Discover(options_.paths.sysfs_root, state->inventory, catalog_);
     if (!discovery.ok()) return discovery.status();
     state->discovery = *std::move(discovery);
@@ -39,7 +62,7 @@ absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
     std::lock_guard current(current_mu_);
     current_ = done;
   }
-  for (const Subscriber& subscriber : subscribers_) subscriber(done);
+  for (const auto& [id, subscriber] : subscribers_) subscriber(done);
   return done;
 }
 
@@ -48,9 +71,15 @@ std::shared_ptr<const State> Source::Current() const {
   return current_;
 }
 
-void Source::Subscribe(Subscriber subscriber) {
+uint64_t Source::Subscribe(Subscriber subscriber) {
   std::lock_guard lock(scan_mu_);
-  subscribers_.push_back(std::move(subscriber));
+  subscribers_.emplace_back(next_subscriber_, std::move(subscriber));
+  return next_subscriber_++;
+}
+
+void Source::Unsubscribe(uint64_t id) {
+  std::lock_guard lock(scan_mu_);
+  std::erase_if(subscribers_, [id](const auto& entry) { return entry.first == id; });
 }
 
 }  // namespace vfio_agent::node

@@ -149,13 +149,17 @@ class Agent::Impl {
       : options_(std::move(options)),
         kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
                                                         : options_.kubelet_socket),
-        source_({.paths = options_.paths,
-                 .policy = options_.policy,
-                 .workload = options_.workload,
-                 .pci_ids = options_.pci_ids,
-                 .domain = options_.domain,
-                 .overrides = options_.overrides,
-                 .vgpu_catalog_file = options_.vgpu_catalog_file}) {
+        own_source_(options_.source != nullptr
+                        ? nullptr
+                        : std::make_unique<node::Source>(node::SourceOptions{
+                              .paths = options_.paths,
+                              .policy = options_.policy,
+                              .workload = options_.workload,
+                              .pci_ids = options_.pci_ids,
+                              .domain = options_.domain,
+                              .overrides = options_.overrides,
+                              .vgpu_catalog_file = options_.vgpu_catalog_file})),
+        source_(options_.source != nullptr ? *options_.source : *own_source_) {
     if (!options_.fabric.address.empty()) {
       const fabric::NvfmOptions nvfm{.address = options_.fabric.address, .library = options_.fabric_library};
       fabric_ = std::make_unique<fabric::PartitionManager>(
@@ -184,12 +188,19 @@ class Agent::Impl {
   }
 
  private:
+  // A shared source (ServeOptions::source) is rescanned by its owner; the agent only listens.
+  bool shared() const { return own_source_ == nullptr; }
+  // A state the agent's mode can be built from: vm-vgpu needs a scan that discovered the vGPUs.
+  bool Fits(const std::shared_ptr<const node::State>& state) const {
+    return state != nullptr && (options_.workload != Workload::kVmVgpu || state->discovery.has_value());
+  }
   void Loop();
   // Scans run on their own thread: sysfs reads of a device in reset can take seconds, and the loop must go
   // on registering and answering the kubelet meanwhile. The loop asks; the scanner posts the snapshot back.
   void ScanLoop();
   void RequestScan();
-  std::optional<DeviceSnapshot> BuildFromSysfs();
+  // `posted`: a shared source's state; null: a scan of our own (or, shared, the source's newest state).
+  std::optional<DeviceSnapshot> BuildFromSysfs(std::shared_ptr<const node::State> posted);
   // What the plugin serves of one scan in the configured workload mode; only the scanner (and Start, before it)
   // calls it.
   DeviceSnapshot Build(const node::State& state);
@@ -207,7 +218,11 @@ class Agent::Impl {
 
   const ServeOptions options_;
   const std::filesystem::path kubelet_socket_;
-  node::Source source_;  // the scanner's (and Start's, before it)
+  // The scanner's (and Start's, before it): the agent's own (`serve`), or `run`'s, whose subscription hands each
+  // state to the scanner.
+  const std::unique_ptr<node::Source> own_source_;
+  node::Source& source_;
+  std::optional<uint64_t> subscription_;
   node::DirWatcher dirs_;
   node::UdevMonitor udev_;
   node::Wakeup wakeup_;
@@ -236,6 +251,8 @@ class Agent::Impl {
   std::condition_variable scan_cv_;
   std::condition_variable fabric_cv_;
   bool scan_requested_ = false;
+  std::shared_ptr<const node::State> posted_state_;  // a shared source's newest state, not built yet
+  uint64_t built_generation_ = 0;                    // the scanner's: the last state built
   std::set<std::string> remembered_;
   DeviceSnapshot vgpu_previous_;
   vgpu::Framework vgpu_framework_ = vgpu::Framework::kNone;
@@ -250,15 +267,31 @@ absl::Status Agent::Impl::Start() {
     return absl::UnavailableError(absl::StrCat("create ", options_.paths.kubelet_dir.string(), ": ", ec.message()));
   }
   dirs_.Refresh(options_.paths.kubelet_dir, options_.paths.dev_root);
-  if (options_.udev) {
+  if (options_.udev && !shared()) {
     if (absl::Status status = udev_.Open(); !status.ok()) {
       spdlog::warn("no udev monitor ({}); relying on inotify and the {} ms rescan", status.ToString(),
                    options_.rescan_interval.count());
     }
   }
   source_.Open();
-  absl::StatusOr<std::shared_ptr<const node::State>> first = source_.Rescan();
+  // A shared source's owner scanned just before starting the agent: no second scan for the first list.
+  absl::StatusOr<std::shared_ptr<const node::State>> first = absl::InternalError("no scan");
+  if (std::shared_ptr<const node::State> current = shared() ? source_.Current() : nullptr; Fits(current)) {
+    first = std::move(current);
+  } else {
+    first = source_.Rescan();
+  }
   if (!first.ok()) return first.status();
+  built_generation_ = (*first)->generation;
+  if (shared()) {
+    subscription_ = source_.Subscribe([this](const std::shared_ptr<const node::State>& state) {
+      {
+        std::lock_guard lock(queue_mu_);
+        posted_state_ = state;
+      }
+      scan_cv_.notify_all();
+    });
+  }
   // Before the first list: a GPU FM cannot vouch for yet is not advertised Healthy for a moment.
   if (fabric_) {
     if (absl::Status fm = fabric_->Reconcile(std::nullopt); !fm.ok()) {
@@ -295,6 +328,7 @@ void Agent::Impl::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
+  if (subscription_) source_.Unsubscribe(*subscription_);
   wakeup_.Notify();
   scan_cv_.notify_all();
   fabric_cv_.notify_all();
@@ -386,7 +420,8 @@ void Agent::Impl::Loop() {
     bool rescan = false;
     if (fds[0].revents & POLLIN) wakeup_.Drain();
     if (fds[1].revents & POLLIN) {
-      if (dirs_.Drain().devices) {
+      // With a shared source `run`'s loop watches the devices and rescans; the kubelet half is still ours.
+      if (dirs_.Drain().devices && !shared()) {
         rescan = true;
         settle_rescan_ = Clock::now() + kSettleRescan;
       }
@@ -404,7 +439,8 @@ void Agent::Impl::Loop() {
       rescan = true;
     }
     if (rescan || now >= next_rescan_) {
-      next_rescan_ = now + options_.rescan_interval;
+      // A shared source is rescanned by its owner: its safety pass replaces ours; RescanNow still rebuilds.
+      next_rescan_ = shared() ? Clock::time_point::max() : now + options_.rescan_interval;
       RequestScan();
     }
     Reconcile();
@@ -421,13 +457,15 @@ void Agent::Impl::RequestScan() {
 
 void Agent::Impl::ScanLoop() {
   while (true) {
+    std::shared_ptr<const node::State> posted;
     {
       std::unique_lock lock(queue_mu_);
-      scan_cv_.wait(lock, [&] { return scan_requested_ || stopping_; });
+      scan_cv_.wait(lock, [&] { return scan_requested_ || posted_state_ || stopping_; });
       if (stopping_) return;
       scan_requested_ = false;
+      posted = std::exchange(posted_state_, nullptr);
     }
-    std::optional<DeviceSnapshot> snapshot = BuildFromSysfs();
+    std::optional<DeviceSnapshot> snapshot = BuildFromSysfs(std::move(posted));
     if (!snapshot) continue;
     Post([this, snapshot = std::move(*snapshot)]() mutable {
       std::lock_guard lock(mu_);
@@ -436,12 +474,23 @@ void Agent::Impl::ScanLoop() {
   }
 }
 
-std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs() {
-  absl::StatusOr<std::shared_ptr<const node::State>> state = source_.Rescan();
+std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs(std::shared_ptr<const node::State> posted) {
+  absl::StatusOr<std::shared_ptr<const node::State>> state = absl::InternalError("no scan");
+  if (posted) {
+    // Built already (a RescanNow's rebuild of the same state needs no second look at it).
+    if (posted->generation <= built_generation_) return std::nullopt;
+    state = std::move(posted);
+  } else if (shared()) {
+    state = source_.Current();  // RescanNow with a shared source: rebuilt from its newest state
+  } else {
+    state = source_.Rescan();
+  }
   if (!state.ok()) {
     spdlog::error("rescan: {}; keeping the previous device set", state.status().ToString());
     return std::nullopt;
   }
+  built_generation_ = std::max(built_generation_, (*state)->generation);
+  if (!Fits(*state)) return std::nullopt;  // the shared source's scan of before a mode switch
   return Build(**state);
 }
 

@@ -9,6 +9,7 @@
 #include "support/sysfs_tree.h"
 #include "support/wait.h"
 #include "test_devices.h"
+#include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 #include "vfio_gpu_agent/plugin/allocate.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
@@ -316,6 +317,37 @@ TEST_F(VgpuAgentTest, ServesVgpusAndPicksUpANewMdevFromItsGroupNode) {
     return c != nullptr && c->healthy;
   }));
   agent.Stop();
+}
+
+// `run`: the agent serves the process's one node::Source, which `run`'s loop rescans. It takes each state the owner
+// scans and scans nothing of its own, not even for a device event: the owner follows those.
+TEST_F(VgpuAgentTest, OnASharedSourceTheAgentAdvertisesTheOwnersScansAndScansNothingItself) {
+  AddT4WithMdevs();
+  ServeOptions options = Options();
+  node::Source source({.paths = options.paths,
+                       .policy = options.policy,
+                       .workload = options.workload,
+                       .vgpu_catalog_file = options.vgpu_catalog_file});
+  source.Open();
+  ASSERT_TRUE(source.Rescan().ok());
+  options.source = &source;
+  Agent agent(options);
+  const uint64_t scans = pci::ScansStarted();
+  ASSERT_TRUE(agent.Start().ok());
+  EXPECT_EQ(agent.Snapshot().resources.at(kT4_1Q).devices.size(), 2u);
+
+  vt::AddMdev(tree_, kMdevC, kT4Parent, "nvidia-222", 102);
+  Node("vfio/102");  // a device event the owner follows, not the agent
+  ASSERT_TRUE(source.Rescan().ok());
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    const DeviceSnapshot s = agent.Snapshot();
+    const PluginDevice* c = s.resources.at(kT4_1Q).Find(kMdevC);
+    return c != nullptr && c->healthy;
+  }));
+  EXPECT_EQ(pci::ScansStarted() - scans, 1u) << "the agent scanned sysfs on its own";
+  agent.Stop();
+  // Stopped, it is no longer told: a scan after Stop reaches no subscriber of it.
+  EXPECT_TRUE(source.Rescan().ok());
 }
 
 TEST_F(VgpuAgentTest, RemembersSriovNamesAcrossARestartWhenTheCardIsFull) {

@@ -24,6 +24,7 @@
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/pci/selection.h"
 
 namespace vfio_agent::dra {
@@ -120,6 +121,11 @@ struct DriverOptions {
   // claim in it was prepared (`run`'s metrics). Called on the gRPC thread serving the call, under the driver's
   // call lock: it must not block.
   std::function<void(bool ok, std::chrono::nanoseconds duration)> on_prepare;
+  // `run`: the process's one node::Source (not owned; it must outlive the driver, and be built with
+  // bind_on_prepare as above), rescanned by `run`'s reconcile loop, which follows the device events: the driver takes
+  // each state it scans and never scans on its own. Null (`serve`): the driver makes its own and rescans it on
+  // inotify under <dev_root>.
+  node::Source* source = nullptr;
 };
 
 // What the kubelet last said about our registration (NotifyRegistrationStatus).

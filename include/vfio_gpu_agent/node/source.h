@@ -1,6 +1,12 @@
 // The node's one scan loop body: scans sysfs once (pci::Scan, pci::Select, and on a vm-vgpu node the vGPU
 // discovery), builds the node's model with the one NameResolver of the process, and hands the result to every
 // subscriber. The frontends and `run`'s pass take the node from here instead of scanning on their own.
+//
+// One Source per process: `run` makes it (daemon::Daemon) and hands it to its frontend
+// (plugin::ServeOptions::source, dra::DriverOptions::source); the reconcile thread (va-reconcile) is the one that
+// rescans it, once per pass and once more after a bind, and the frontend hears each new state through its
+// subscription and builds its device list on its own thread. `serve` has no reconcile loop: there the frontend makes
+// its own Source and rescans it on its device events.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +56,13 @@ class Source {
   Source(const Source&) = delete;
   Source& operator=(const Source&) = delete;
 
-  // vm-vgpu: loads the remembered SR-IOV catalogs (a bad file is logged and the store starts empty).
+  // vm-vgpu: loads the remembered SR-IOV catalogs (a bad file is logged and the store starts empty). Only a vm-vgpu
+  // node reads the file: a passthrough node never pays for it. Idempotent.
   void Open();
+  // `run` after a change of the workload label: the next scan discovers vGPUs (vm-vgpu) or does not. Opens the
+  // catalog on the first switch to vm-vgpu.
+  void SetWorkload(Workload workload);
+  Workload workload() const;
 
   // Scans once and builds the model; then calls every subscriber, on the calling thread, in the order they
   // subscribed, with the new state (whether or not the snapshot changed: a frontend's memory of gone devices moves
@@ -63,18 +74,28 @@ class Source {
   std::shared_ptr<const State> Current() const;
 
   using Subscriber = std::function<void(const std::shared_ptr<const State>&)>;
-  // Before the first Rescan of another thread.
-  void Subscribe(Subscriber subscriber);
+  // From any thread but a subscriber's call; the id is Unsubscribe's. A subscriber that goes away (a frontend
+  // stopped by a mode switch) unsubscribes first: it is not called after Unsubscribe returns.
+  uint64_t Subscribe(Subscriber subscriber);
+  void Unsubscribe(uint64_t id);
+
+  // The SR-IOV type catalogs (vgpu/catalog.h), for the profile applier and a discovery outside a scan, under the
+  // scan lock: `use` must not call Rescan.
+  void WithCatalog(const std::function<void(vgpu::CatalogStore&)>& use);
 
   const SourceOptions& options() const { return options_; }
   const names::NameResolver& names() const { return names_; }
 
  private:
-  const SourceOptions options_;
+  void OpenLocked();
+
+  SourceOptions options_;  // workload changes under scan_mu_ (SetWorkload)
   const names::NameResolver names_;
-  std::mutex scan_mu_;  // one scan at a time; owns catalog_ and the subscriber calls
+  mutable std::mutex scan_mu_;  // one scan at a time; owns catalog_, options_.workload and the subscriber calls
   vgpu::CatalogStore catalog_;
-  std::vector<Subscriber> subscribers_;
+  bool catalog_open_ = false;
+  std::vector<std::pair<uint64_t, Subscriber>> subscribers_;
+  uint64_t next_subscriber_ = 1;
   uint64_t generation_ = 0;
   mutable std::mutex current_mu_;
   std::shared_ptr<const State> current_;

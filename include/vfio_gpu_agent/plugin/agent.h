@@ -15,6 +15,7 @@
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/names/resource_names.h"
+#include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
 
@@ -68,6 +69,11 @@ struct ServeOptions {
   std::filesystem::path fabric_library = "libnvfm.so.1";
   std::chrono::milliseconds fabric_interval{5000};
   fabric::FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the agent
+  // `run`: the process's one node::Source (not owned; it must outlive the agent), rescanned by `run`'s reconcile
+  // loop, which also follows the device events: the agent takes each state it scans and never scans on its own
+  // (udev, the safety rescan and the device half of its inotify are the loop's). Null (`serve`): the agent makes
+  // its own from the fields above and rescans it on its device events.
+  node::Source* source = nullptr;
 };
 
 struct ResourceStatus {
@@ -93,7 +99,9 @@ class Agent {
   // Graceful shutdown (SIGTERM): an empty device list on every stream, streams closed, servers stopped,
   // own sockets and CDI specs removed. Idempotent; blocks until done.
   void Stop();
-  // Rescans sysfs now instead of at the next tick (a device was just bound); returns at once.
+  // Rescans sysfs now instead of at the next tick (a device was just bound); returns at once. With a shared
+  // ServeOptions::source the device list is rebuilt from its last state instead (Fabric Manager's news): the
+  // source's owner rescans.
   void RescanNow();
 
   DeviceSnapshot Snapshot() const;
