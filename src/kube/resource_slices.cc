@@ -68,6 +68,18 @@ Json DeviceJson(const SliceDevice& device) {
     }
     out["taints"] = std::move(taints);
   }
+  if (device.binds_to_node) out["bindsToNode"] = true;
+  if (!device.binding_conditions.empty()) out["bindingConditions"] = device.binding_conditions;
+  if (!device.binding_failure_conditions.empty()) out["bindingFailureConditions"] = device.binding_failure_conditions;
+  return out;
+}
+
+std::vector<std::string> Strings(const Json& object, const char* key) {
+  std::vector<std::string> out;
+  if (!object.contains(key) || !object[key].is_array()) return out;
+  for (const Json& value : object[key]) {
+    if (value.is_string()) out.push_back(value.get<std::string>());
+  }
   return out;
 }
 
@@ -96,6 +108,10 @@ SliceDevice ParseDevice(const Json& device) {
                             .effect = taint.value("effect", "")});
     }
   }
+  out.binds_to_node = device.contains("bindsToNode") && device["bindsToNode"].is_boolean() &&
+                      device["bindsToNode"].get<bool>();
+  out.binding_conditions = Strings(device, "bindingConditions");
+  out.binding_failure_conditions = Strings(device, "bindingFailureConditions");
   return out;
 }
 
@@ -144,7 +160,8 @@ bool Matches(const std::vector<ExistingSlice>& existing, const std::vector<std::
   return true;
 }
 
-// What ResourceSliceMaxDevicesWithAdvancedFeatures counts, of what we publish.
+// What ResourceSliceMaxDevicesWithAdvancedFeatures counts, of what we publish: taints. Binding conditions do not
+// lower the cap in 1.36 (pkg/apis/resource/validation: haveDeviceTaints, haveConsumesCounters, haveListAttributes).
 bool UsesAdvancedFeatures(const SliceDevice& device) { return !device.taints.empty(); }
 
 // Devices (sorted) in slices of at most 128, or 64 once a slice holds a device with an advanced feature.
@@ -172,8 +189,15 @@ bool KeepsOffTheDevice(const SliceDevice& device) {
                      [](const DeviceTaint& taint) { return taint.effect != "None"; });
 }
 
-// True when the server stored a device of `written` without the taints we wrote (DRADeviceTaints off).
-bool TaintsDropped(const std::vector<SliceDevice>& written, const Json& stored) {
+bool HasBindingConditions(const SliceDevice& device) { return !device.binding_conditions.empty(); }
+
+// Which of our fields the server stored a device of `written` without: the taints (DRADeviceTaints off), the
+// binding conditions (DRADeviceBindingConditions or DRAResourceClaimDeviceStatus off).
+struct Dropped {
+  bool taints = false;
+  bool binding_conditions = false;
+};
+Dropped FieldsDropped(const std::vector<SliceDevice>& written, const Json& stored) {
   std::map<std::string, SliceDevice> answered;
   if (stored.is_object() && stored.contains("spec") && stored["spec"].contains("devices") &&
       stored["spec"]["devices"].is_array()) {
@@ -182,12 +206,14 @@ bool TaintsDropped(const std::vector<SliceDevice>& written, const Json& stored) 
       answered[parsed.name] = std::move(parsed);
     }
   }
+  Dropped dropped;
   for (const SliceDevice& device : written) {
-    if (device.taints.empty()) continue;
     auto it = answered.find(device.name);
-    if (it != answered.end() && it->second.taints.empty()) return true;
+    if (it == answered.end()) continue;
+    if (!device.taints.empty() && it->second.taints.empty()) dropped.taints = true;
+    if (HasBindingConditions(device) && !HasBindingConditions(it->second)) dropped.binding_conditions = true;
   }
-  return false;
+  return dropped;
 }
 
 std::string Escape(const std::string& text) {
@@ -246,18 +272,14 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
   std::sort(devices.begin(), devices.end(), [](const SliceDevice& a, const SliceDevice& b) { return a.name < b.name; });
   bool dropped_now = false;
   absl::StatusOr<PublishResult> result = PublishOnce(devices, &dropped_now);
-  if (!result.ok() || !dropped_now) return result;
-  taints_dropped_ = true;
-  std::vector<std::string> tainted;
-  for (const SliceDevice& device : devices) {
-    if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
+  if (!result.ok() || !dropped_now) {
+    if (result.ok()) result->binding_conditions_dropped = binding_conditions_dropped_;
+    return result;
   }
-  spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
-               "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now on "
-               "instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
   const PublishResult first = *result;
   result = PublishOnce(devices, &dropped_now);
   if (!result.ok()) return result;
+  result->binding_conditions_dropped = binding_conditions_dropped_;
   result->created += first.created;
   result->updated += first.updated;
   result->deleted += first.deleted;
@@ -276,6 +298,11 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
     }
     published.push_back(device);
     if (taints_dropped_) published.back().taints.clear();  // informational ones: the server drops them anyway
+    if (binding_conditions_dropped_) {
+      published.back().binding_conditions.clear();
+      published.back().binding_failure_conditions.clear();
+      published.back().binds_to_node = false;
+    }
   }
   const std::vector<std::vector<SliceDevice>> chunks = Chunk(published);
 
@@ -349,7 +376,23 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
       versions[name] = stored["metadata"].value("resourceVersion", "");
       own_->Wrote(name, versions[name]);
     }
-    if (!taints_dropped_ && TaintsDropped(chunks[i], stored)) *dropped_now = true;
+    const Dropped dropped = FieldsDropped(chunks[i], stored);
+    if (!taints_dropped_ && dropped.taints) {
+      taints_dropped_ = *dropped_now = true;
+      std::vector<std::string> tainted;
+      for (const SliceDevice& device : devices) {
+        if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
+      }
+      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
+                   "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now "
+                   "on instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
+    }
+    if (!binding_conditions_dropped_ && dropped.binding_conditions) {
+      binding_conditions_dropped_ = *dropped_now = true;
+      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' bindingConditions (feature "
+                   "gates DRADeviceBindingConditions/DRAResourceClaimDeviceStatus off, Kubernetes < 1.36); "
+                   "--binding-conditions falls back to binding in NodePrepareResources", options_.node_name);
+    }
   }
   for (size_t i = chunks.size(); i < existing->size(); ++i) {
     const ExistingSlice& obsolete = (*existing)[i];

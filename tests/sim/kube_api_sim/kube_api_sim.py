@@ -79,6 +79,8 @@ SLICE_MAX_DEVICES = 128  # resource.k8s.io ResourceSliceMaxDevices
 # haveListAttributes). Binding conditions and allowMultipleAllocations do not lower it.
 SLICE_MAX_DEVICES_ADVANCED = 64
 LIST_ATTRIBUTE_KINDS = ("ints", "bools", "strings", "versions")
+BINDING_CONDITIONS_MAX = 4  # BindingConditionsMaxSize, BindingFailureConditionsMaxSize
+DEVICE_STATUS_MAX_CONDITIONS = 8  # AllocatedDeviceStatusMaxConditions
 # kube-apiserver v1.36's defaults for the gates whose fields the ResourceSlice strategy drops when they are off
 # (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields). 1.34/1.35: the first four were alpha (off).
 FEATURE_GATES_1_36 = {"DRADeviceTaints": True, "DRAPartitionableDevices": True, "DRADeviceBindingConditions": True,
@@ -348,6 +350,49 @@ def drop_disabled_fields(state, new, old):
                         value.pop(kind, None)
 
 
+def qualified_name_error(name):
+    """apimachinery IsQualifiedName (metav1validation.ValidateLabelName): [prefix/]name, the prefix a DNS subdomain
+    of at most 253, the name at most 63 alphanumerics, '-', '_', '.', starting and ending alphanumeric."""
+    if not isinstance(name, str):
+        return "must be a string"
+    prefix, _, base = name.rpartition("/")
+    if "/" in prefix:
+        return "a qualified name must consist of alphanumeric characters, '-', '_' or '.', ... with an optional DNS subdomain prefix and '/'"
+    if name.count("/") == 1 and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+        return "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+    if not base or len(base) > 63 or not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", base):
+        return ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                "alphanumeric character (at most 63)")
+    return None
+
+
+def check_binding_parameters(conditions, failures, where):
+    """validateDeviceBindingParameters (1.36): at most 4 of each, qualified names, no duplicates, no type in both
+    lists, both lists or neither. Shared by slices' devices and claims' allocation results."""
+    conditions, failures = conditions or [], failures or []
+    for field, values in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(values) > BINDING_CONDITIONS_MAX:
+            raise invalid_slice(f"{where}.{field}: Too many: {len(values)}: must have at most {BINDING_CONDITIONS_MAX} items")
+        seen = set()
+        for j, value in enumerate(values):
+            error = qualified_name_error(value)
+            if error:
+                raise invalid_slice(f"{where}.{field}[{j}]: Invalid value: {value!r}: {error}")
+            if value in seen:
+                raise invalid_slice(f"{where}.{field}[{j}]: Duplicate value: {value!r}")
+            seen.add(value)
+    for j, value in enumerate(failures):
+        if value in conditions:
+            raise invalid_slice(f"{where}.bindingFailureConditions[{j}]: Invalid value: {value!r}: "
+                                "bindingFailureConditions must not overlap with bindingConditions")
+    if failures and not conditions:
+        raise invalid_slice(f"{where}.bindingConditions: Invalid value: null: bindingConditions are required to use "
+                            "bindingFailureConditions")
+    if conditions and not failures:
+        raise invalid_slice(f"{where}.bindingFailureConditions: Invalid value: null: bindingFailureConditions are "
+                            "required to use bindingConditions")
+
+
 def check_slice(obj):
     """The checks of kube-apiserver's ResourceSlice validation that a node-local driver can run into."""
     if not isinstance(obj, dict) or obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
@@ -406,6 +451,7 @@ def check_slice(obj):
                 raise invalid_slice(f"{where}.taints[{j}].effect: Unsupported value: {taint.get('effect')!r}")
             if not isinstance(taint.get("key"), str) or not QUALIFIED_NAME.match(taint["key"]):
                 raise invalid_slice(f"{where}.taints[{j}].key: Invalid value: not a qualified name")
+        check_binding_parameters(device.get("bindingConditions"), device.get("bindingFailureConditions"), where)
 
 
 def field_selector(path):
