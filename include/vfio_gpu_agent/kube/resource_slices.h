@@ -23,7 +23,7 @@
 namespace vfio_agent::kube {
 
 class ApiClient;
-class StreamCanceller;
+class ListWatcher;
 
 inline constexpr size_t kMaxDevicesPerSlice = 128;  // resource.k8s.io/v1 ResourceSliceMaxDevices
 // ResourceSliceMaxDevicesWithAdvancedFeatures: kube-apiserver 1.36 refuses (422) a slice of more devices when any
@@ -103,24 +103,11 @@ class ResourceSliceWatch {
   ResourceSliceWatch& operator=(const ResourceSliceWatch&) = delete;
 
   // Watch requests made so far (each one long-lived) and lists, for tests and the at-rest figures.
-  uint64_t watches() const { return watches_.load(); }
-  uint64_t lists() const { return lists_.load(); }
+  uint64_t watches() const;
+  uint64_t lists() const;
 
  private:
-  void Run();
-  bool WaitBackoff(std::chrono::milliseconds backoff);  // false when stopping
-
-  const std::shared_ptr<ApiClient> client_;
-  const std::string path_;  // the collection with its fieldSelector
-  const std::function<void()> changed_;
-  const Ours ours_;
-  std::unique_ptr<StreamCanceller> cancel_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> watches_{0};
-  std::atomic<uint64_t> lists_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::thread thread_;
+  std::unique_ptr<ListWatcher> watcher_;  // its thread calls `changed`
 };
 
 class ResourceSlicePublisher {
