@@ -3,6 +3,7 @@
 // driver's claim watch sees it, binds the claim's IOMMU groups on the FUSE sysfs simulator before any Prepare, and
 // writes the claim's status.devices condition; kubelet-dra-sim's Prepare then finds the work done.
 #include <chrono>
+#include <fstream>
 #include <map>
 
 #include <gmock/gmock.h>
@@ -298,6 +299,37 @@ TEST_F(BindingConditionsTest, AnAgentRestartBetweenBindAndPrepareKeepsOrUndoesTh
   EXPECT_EQ(sim_->Log().size(), writes);
   ASSERT_EQ(Unprepare("uid-1"), "");
   ExpectOn({{kA10First, "nvidia"}, {kA10Second, "nvidia"}});
+}
+
+// An agent killed inside the bind leaves the pending record: the next start returns what it names, and the claim,
+// still allocated and unanswered, is bound again.
+TEST_F(BindingConditionsTest, AnAgentKilledInsideTheBindUndoesItAtStartAndBindsAgain) {
+  StartHost(sim::NodeFile("workstation-gpu-audio-usb.json"),
+            {"set-driver 0000:01:00.0 vfio-pci", "set-driver 0000:01:00.1 vfio-pci"});  // where the bind had got to
+  const Json pending = {{"bootID", fs::ReadTrimmed("/proc/sys/kernel/random/boot_id").value_or("")},
+                        {"namespace", "vms"},
+                        {"name", "claim-uid-1"},
+                        {"uid", "uid-1"},
+                        {"cdiSpec", ""},
+                        {"metadataDir", ""},
+                        {"devices", Json::array({{{"request", "gpu0"}, {"pool", kNode},
+                                                  {"device", DeviceName(kQuadro)}, {"bdf", kQuadro}}})},
+                        {"driversBeforeBind", kQuadroGroup},
+                        {"pending", true},
+                        {"boundBeforePrepare", true}};
+  std::filesystem::create_directories(Checkpoint("uid-1").parent_path());
+  std::ofstream(Checkpoint("uid-1")) << pending.dump();
+  ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(Options(), &driver_, &kubelet_));
+  ExpectOn(kQuadroGroup);  // undone before the driver serves
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { auto slices = api_->Slices(); return slices.ok() && !slices->empty(); }));
+  Allocate("uid-1", {kQuadro});
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return ConditionTrue("uid-1", kQuadro, kBound); }));
+  for (const auto& [bdf, driver] : kQuadroGroup) EXPECT_EQ(DriverOf(bdf), "vfio-pci") << bdf;
+  const Json record = Json::parse(fs::ReadTrimmed(Checkpoint("uid-1")).value_or("{}"));
+  EXPECT_EQ(record["driversBeforeBind"], Json(kQuadroGroup));
+  ASSERT_TRUE(api_->Control("delete-claim vms claim-uid-1").ok());
+  EXPECT_TRUE(vfio_agent::testing::WaitUntil([&] { return !std::filesystem::exists(Checkpoint("uid-1")); }));
+  ExpectOn(kQuadroGroup);
 }
 
 // A 1.34/1.35 API server (the gates off) drops the fields: the driver warns, stops its claim watch, and Prepare

@@ -340,6 +340,21 @@ TEST_F(DraFabricTest, WithBindingConditionsAClaimsPartitionIsActiveBeforePrepare
   ASSERT_TRUE(api_->Control("deallocate vms other").ok());
   ASSERT_TRUE(FmActive({}));
   EXPECT_TRUE(testing::WaitUntil([&] { return !std::filesystem::exists(Checkpoint("uid-other")); }));
+
+  // Three GPUs are no partition: the failure condition says so before the pod is bound, nothing is activated.
+  allocate("three", "uid-three", {Module(1), Module(2), Module(3)});
+  std::string message;
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto reply = api_->Control("get-claim vms three");
+    if (!reply.ok()) return false;
+    const Json devices = Json::parse(*reply)["status"].value("devices", Json::array());
+    if (devices.empty() || devices[0]["conditions"][0]["type"] != absl::StrCat(kDriver, "/bind-failed")) return false;
+    message = devices[0]["conditions"][0].value("message", "");
+    return true;
+  }));
+  EXPECT_NE(message.find("are no Fabric Manager partition"), std::string::npos) << message;
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{});
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-three")));
   driver_.reset();
 }
 
