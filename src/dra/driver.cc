@@ -141,14 +141,7 @@ class Driver::Impl {
     spdlog::info("DRA driver {}: serving {} and registration on {} ({} {}, pool {})", options_.driver_name,
                  DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
                  options_.workload == Workload::kVmVgpu ? "vGPUs" : "GPUs", options_.node_name);
-    loop_ = std::thread([this] { Loop(); });
-    if (options_.publish_slices && options_.watch_slices) {
-      slice_watch_ = options_.watch_slices([this] {
-        slices_changed_ = true;
-        wakeup_.Notify();
-      });
-    }
-    if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
+    // Before the loop: its thread may end the worker (the server drops the fields).
     if (binding_wanted_) {
       binding_ = std::make_unique<internal::BindingWorker>(options_, claims_, serialize_);
       binding_->Start();
@@ -160,6 +153,14 @@ class Driver::Impl {
                    "--fabric-manager on a vm-passthrough node, and the Kubernetes API); GPUs are made ready in "
                    "Prepare as before", options_.driver_name);
     }
+    loop_ = std::thread([this] { Loop(); });
+    if (options_.publish_slices && options_.watch_slices) {
+      slice_watch_ = options_.watch_slices([this] {
+        slices_changed_ = true;
+        wakeup_.Notify();
+      });
+    }
+    if (options_.get_claim) sweeper_ = std::thread([this] { SweepLoop(); });
     return absl::OkStatus();
   }
 
@@ -308,6 +309,12 @@ class Driver::Impl {
     std::vector<kube::SliceDevice> slices;
     for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
     absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
+    if (result.ok() && result->binding_conditions_dropped && binding_) {
+      // Kubernetes < 1.36 (or the gates off): the scheduler never waits, so nothing is watched; Prepare binds.
+      spdlog::warn("DRA driver {}: the API server drops bindingConditions; the claim watch stops and GPUs are made "
+                   "ready in Prepare as without --binding-conditions", options_.driver_name);
+      binding_.reset();  // joins its threads; no lock of ours is held
+    }
     std::lock_guard lock(mu_);
     if (!result.ok()) {
       // Retried in a second: an API server that is down costs one failed request a second, no more.
@@ -320,12 +327,6 @@ class Driver::Impl {
     }
     slice_error_.clear();
     slices_stale_ = false;
-    if (result->binding_conditions_dropped && binding_) {
-      // Kubernetes < 1.36 (or the gates off): the scheduler never waits, so nothing is watched; Prepare binds.
-      spdlog::warn("DRA driver {}: the API server drops bindingConditions; the claim watch stops and GPUs are made "
-                   "ready in Prepare (--bind-on-prepare) as without --binding-conditions", options_.driver_name);
-      binding_.reset();
-    }
     if (result->others_meanwhile) slices_changed_ = true;  // a watch report held back during our writes
     if (result->changed()) {
       ++slice_writes_;
