@@ -128,6 +128,11 @@ std::vector<FlagSpec> DraFlags() {
        "with --kubelet-api dra: GPUs stay on their host driver until a claim needs them; Prepare binds the claim's "
        "IOMMU groups to vfio-pci and Unprepare returns each function to the driver it had before",
        "off"},
+      {"binding-conditions", "",
+       "with --kubelet-api dra and --bind-on-prepare or --fabric-manager: GPUs carry binding conditions, and the "
+       "agent binds a claim's IOMMU groups (and activates its partition) before the scheduler binds the pod, which "
+       "is placed elsewhere when that fails; ignored, with a warning, by a Kubernetes < 1.36 API server",
+       "off"},
       {"dra-taint-no-execute", "",
        "with --kubelet-api dra: a GPU that is gone (left sysfs, or its config space reads 0xffff) is tainted "
        "NoExecute, which evicts the VMs holding it, instead of NoSchedule",
@@ -142,6 +147,9 @@ absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
   }
   if (api != "dra" && cmd.flags.GetBool("bind-on-prepare")) {
     return absl::InvalidArgumentError("--bind-on-prepare is a policy of the DRA driver: it needs --kubelet-api dra");
+  }
+  if (api != "dra" && cmd.flags.GetBool("binding-conditions")) {
+    return absl::InvalidArgumentError("--binding-conditions is a policy of the DRA driver: it needs --kubelet-api dra");
   }
   return api == "dra";
 }
@@ -160,6 +168,7 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
   options.plugins_dir = cmd.flags.Get("kubelet-plugins-dir", options.plugins_dir.string());
   options.cdi_dir = cmd.flags.Get("cdi-dir", options.cdi_dir.string());
   options.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
+  options.binding_conditions = cmd.flags.GetBool("binding-conditions");
   options.taints.no_execute_when_gone = cmd.flags.GetBool("dra-taint-no-execute");
   options.paths = cmd.common.paths;
   options.policy = cmd.common.policy;
@@ -204,6 +213,20 @@ absl::StatusOr<dra::DriverOptions> DraOptionsFromFlags(const ParsedCommand& cmd,
     return shared->Publish(std::move(devices));
   };
   options.watch_slices = [shared](std::function<void()> changed) { return shared->Watch(std::move(changed)); };
+  if (options.binding_conditions) {
+    absl::StatusOr<std::unique_ptr<kube::ResourceClaimClient>> claims = kube::ConnectResourceClaimClient(
+        kubeconfig, kube::ClaimReaderOptions().service_account_dir,
+        {.node_name = options.node_name, .driver = options.driver_name});
+    if (!claims.ok()) return claims.status();
+    std::shared_ptr<kube::ResourceClaimClient> client(*std::move(claims));
+    options.watch_claims = [client](kube::ResourceClaimWatch::Handlers handlers) {
+      return client->Watch(std::move(handlers));
+    };
+    options.write_claim_status = [client](const kube::ResourceClaim& claim,
+                                          const std::vector<kube::DeviceStatus>& devices) {
+      return client->ApplyDeviceStatus(claim, devices);
+    };
+  }
   return options;
 }
 

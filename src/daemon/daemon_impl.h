@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "health_server.h"
 #include "metrics.h"
@@ -137,6 +138,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
       options_.dra->source = &source_;
       options_.dra->fabric_observer = this;
       options_.dra->on_prepare = [this](bool ok, std::chrono::nanoseconds took) { metrics_.OnPrepare(ok, took); };
+      options_.dra->on_binding = [this](const dra::BindingOutcome& outcome) { OnBinding(outcome); };
     }
     agent_ = std::make_unique<plugin::Agent>(options_.serve);
     if (options_.dra) dra_ = std::make_unique<dra::Driver>(*options_.dra);
@@ -296,6 +298,21 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   void Publish(const Readiness& readiness);
   void PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected);
   void RunHostChecks(const validation::NodeView& view, const std::string& fingerprint);
+  // One Node Event per claim that waited for its binding conditions: which claim, how long, and why it failed.
+  void OnBinding(const dra::BindingOutcome& outcome) {
+    metrics_.OnBinding(outcome.ok, outcome.waited);
+    const std::string claim = absl::StrCat(outcome.namespace_name, "/", outcome.name, " (", outcome.uid, ")");
+    const double seconds = std::chrono::duration<double>(outcome.waited).count();
+    if (outcome.ok) {
+      Event(kube::EventType::kNormal, "ClaimDevicesReady", "Binding",
+            absl::StrFormat("claim %s ready for its pod after %.1f s: %s", claim, seconds, outcome.message));
+    } else {
+      Event(kube::EventType::kWarning, "ClaimBindingFailed", "Binding",
+            absl::StrFormat("claim %s failed after %.1f s, the scheduler places its pod again: %s", claim, seconds,
+                            outcome.message));
+    }
+  }
+
   void Event(kube::EventType type, const std::string& reason, const std::string& action, const std::string& note) {
     if (reporter_) reporter_->RecordEvent(type, reason, action, note);
   }

@@ -97,7 +97,11 @@ Metrics::Metrics()
                                               "pending, failed)")),
       prepare_seconds_(Declare<prometheus::Histogram>("vfio_gpu_agent_dra_prepare_duration_seconds",
                                                       "DRA NodePrepareResources calls, from the kubelet's call to the "
-                                                      "answer, by result")) {
+                                                      "answer, by result")),
+      binding_wait_seconds_(Declare<prometheus::Histogram>(
+          "vfio_gpu_agent_dra_binding_wait_seconds",
+          "DRA binding conditions: from a claim's allocation seen by the agent to its binding (or failure) condition "
+          "written, by result; the scheduler holds the pod in PreBind meanwhile")) {
   start_time_.Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
@@ -212,6 +216,12 @@ void Metrics::OnPrepare(bool ok, std::chrono::nanoseconds duration) {
   // A Prepare that binds (--bind-on-prepare) takes seconds; one of a GPU already on vfio-pci, milliseconds.
   static const prometheus::Histogram::BucketBoundaries kBuckets = {1e-3, 1e-2, 0.1, 0.5, 1, 2, 5, 10, 30};
   prepare_seconds_.Add({{"result", ok ? "ok" : "failed"}}, kBuckets).Observe(Seconds(duration));
+}
+
+void Metrics::OnBinding(bool ok, std::chrono::nanoseconds waited) {
+  // A bind takes a second or a few; a holder that does not let go, the write timeout (5 s) per function.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60};
+  binding_wait_seconds_.Add({{"result", ok ? "ok" : "failed"}}, kBuckets).Observe(Seconds(waited));
 }
 
 }  // namespace vfio_agent::daemon::internal

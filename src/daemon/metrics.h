@@ -48,6 +48,8 @@ class Metrics final : public plugin::AgentObserver {
   void SetVgpuConfigState(const std::string& state);
   // One NodePrepareResources call of the DRA driver.
   void OnPrepare(bool ok, std::chrono::nanoseconds duration);
+  // --binding-conditions: from a claim's allocation seen by the agent to its condition written.
+  void OnBinding(bool ok, std::chrono::nanoseconds waited);
 
   // plugin::AgentObserver
   void OnAllocate(const std::string& resource_name, bool ok, std::chrono::nanoseconds latency) override;
@@ -82,6 +84,7 @@ class Metrics final : public plugin::AgentObserver {
   prometheus::Gauge& start_time_;
   prometheus::Family<prometheus::Gauge>& vgpu_config_;
   prometheus::Family<prometheus::Histogram>& prepare_seconds_;
+  prometheus::Family<prometheus::Histogram>& binding_wait_seconds_;
 
   std::mutex mu_;  // the label sets below are replaced as a whole
   std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_, vgpu_config_gauges_;

@@ -70,6 +70,7 @@ Json CheckpointJson(const PreparedClaim& claim) {
   if (!claim.fabric_partitions.empty()) json["fabricPartitions"] = claim.fabric_partitions;
   if (!claim.consumers.empty()) json["consumers"] = claim.consumers;
   if (claim.pending) json["pending"] = true;
+  if (claim.prebound) json["boundBeforePrepare"] = true;
   return json;
 }
 
@@ -116,6 +117,8 @@ absl::StatusOr<PreparedClaim> ParseCheckpoint(const std::filesystem::path& file)
     }
   }
   claim.pending = json.contains("pending") && json["pending"].is_boolean() && json["pending"].get<bool>();
+  claim.prebound = json.contains("boundBeforePrepare") && json["boundBeforePrepare"].is_boolean() &&
+                   json["boundBeforePrepare"].get<bool>();
   return claim;
 }
 
@@ -470,7 +473,8 @@ void ClaimPreparer::AddExtendedResourceEnv(const std::vector<PreparedDevice>& de
 
 absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& request, const pci::Inventory& scanned,
                                                         const pci::Selection& scanned_selection,
-                                                        absl::Time call_start, const VgpuView* vgpus) {
+                                                        absl::Time call_start, const VgpuView* vgpus,
+                                                        const PreparedClaim* prebound) {
   const std::string ref = ClaimRef(request);
   if (!IsSafeUid(request.uid())) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
   if (!options_.get_claim) {
@@ -520,6 +524,11 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   PreparedClaim intent = prepared;
   intent.pending = true;
   intent.drivers_before_bind = DriversOffVfio(scanned, to_bind);
+  if (prebound != nullptr) {
+    // The drivers the pre-bind found are the ones to return to: those functions are on vfio-pci now.
+    for (const auto& [bdf, driver] : prebound->drivers_before_bind) intent.drivers_before_bind[bdf] = driver;
+    intent.fabric_partitions = prebound->fabric_partitions;
+  }
   if (record_intent) {
     if (absl::Status written = WriteCheckpoint(intent); !written.ok()) {
       return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
@@ -598,7 +607,12 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
     by_request[BaseRequest(result->request)].push_back(result);
   }
 
-  if (fabric_ != nullptr) {
+  if (prebound != nullptr) {
+    // Bound before the pod was: returned to where the pre-bind found them, and its partition kept.
+    for (const auto& [bdf, driver] : prebound->drivers_before_bind) prepared.drivers_before_bind[bdf] = driver;
+    prepared.fabric_partitions = prebound->fabric_partitions;
+  }
+  if (fabric_ != nullptr && (prebound == nullptr || prebound->fabric_partitions.empty())) {
     absl::StatusOr<std::vector<uint32_t>> partitions = fabric_->Activate(claim->uid, ref, BdfsOf(prepared));
     if (!partitions.ok()) {
       return absl::Status(partitions.status().code(), absl::StrCat(ref, ": ", partitions.status().message()));
@@ -665,6 +679,91 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   return prepared;
 }
 
+bool ClaimPreparer::PreBound(const std::string& uid) const {
+  auto it = prepared_.find(uid);
+  return it != prepared_.end() && it->second.prebound;
+}
+
+absl::StatusOr<std::string> ClaimPreparer::PreBind(const kube::ResourceClaim& claim, absl::Time start) {
+  const std::string ref = ClaimRef(claim.namespace_name, claim.name, claim.uid);
+  if (!IsSafeUid(claim.uid)) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
+  if (auto it = prepared_.find(claim.uid); it != prepared_.end()) {
+    if (!it->second.pending) return std::string("done already");  // pre-bound before, or prepared by the kubelet
+    if (absl::Status undone = UndoPending(it->second, start + kCallBudget); !undone.ok()) {
+      return absl::Status(undone.code(), absl::StrCat(ref, ": undoing an unfinished bind: ", undone.message()));
+    }
+    prepared_.erase(it);
+  }
+  PreparedClaim intent{.namespace_name = claim.namespace_name,
+                       .name = claim.name,
+                       .uid = claim.uid,
+                       .boot_id = boot_id_,
+                       .consumers = claim.reserved_for,
+                       .pending = true,
+                       .prebound = true};
+  std::vector<std::string> bdfs;
+  for (const kube::AllocationResult& result : claim.results) {
+    if (result.driver != options_.driver_name || result.pool != options_.node_name) continue;
+    absl::StatusOr<std::string> bdf = BdfOfDevice(result.device);
+    if (!bdf.ok()) return absl::InvalidArgumentError(absl::StrCat(ref, ": ", bdf.status().message()));
+    bdfs.push_back(*bdf);
+    intent.devices.push_back(
+        {.request = BaseRequest(result.request), .pool = result.pool, .device = result.device, .bdf = *bdf});
+  }
+  if (bdfs.empty()) return absl::FailedPreconditionError(absl::StrCat(ref, ": no device of pool ", options_.node_name));
+  absl::StatusOr<pci::Inventory> scanned =
+      pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
+  if (!scanned.ok()) return absl::Status(scanned.status().code(), absl::StrCat(ref, ": ", scanned.status().message()));
+  for (const std::string& bdf : bdfs) {
+    if (absl::Status held = CheckNotHeld(bdf, DeviceName(bdf), claim); !held.ok()) {
+      return absl::Status(held.code(), absl::StrCat(ref, ": ", held.message()));
+    }
+  }
+  if (bind_) intent.drivers_before_bind = DriversOffVfio(*scanned, bdfs);
+  // As in Prepare: the intent is on disk before sysfs or Fabric Manager is touched.
+  if (absl::Status written = WriteCheckpoint(intent); !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat(ref, ": ", written.message()));
+  }
+  RecordedDrivers bound;
+  auto give_up = [&](const absl::Status& why) {
+    if (!bound.empty()) {
+      if (absl::Status returned = bind_->Return(bound, start + kCallBudget); !returned.ok()) {
+        spdlog::error("DRA binding: {}: {}; the claim's record stays pending until it is undone", ref,
+                      std::string(returned.message()));
+        prepared_[claim.uid] = intent;
+        return absl::Status(why.code(), absl::StrCat(ref, ": ", why.message()));
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove(CheckpointFile(claim.uid), ec);
+    if (fabric_ != nullptr) fabric_->Release(claim.uid);
+    return absl::Status(why.code(), absl::StrCat(ref, ": ", why.message()));
+  };
+  std::vector<std::string> done;
+  if (bind_) {
+    absl::StatusOr<RecordedDrivers> moved = bind_->Bind(bdfs, start);
+    if (!moved.ok()) return give_up(moved.status());  // Bind put back what it moved
+    bound = *std::move(moved);
+    done.push_back(absl::StrCat(absl::StrJoin(bdfs, ", "), " and the rest of their IOMMU groups on vfio-pci"));
+  }
+  PreparedClaim result = intent;
+  if (fabric_ != nullptr && fabric_->enabled()) {
+    absl::StatusOr<std::vector<uint32_t>> partitions =
+        fabric_->Activate(claim.uid, ref, std::set<std::string>(bdfs.begin(), bdfs.end()));
+    if (!partitions.ok()) return give_up(partitions.status());
+    result.fabric_partitions = *std::move(partitions);
+    done.push_back(result.fabric_partitions.empty()
+                       ? std::string("no Fabric Manager partition needed")
+                       : absl::StrCat("Fabric Manager partition ", absl::StrJoin(result.fabric_partitions, ","),
+                                      " active"));
+  }
+  result.pending = false;
+  result.drivers_before_bind = bound;
+  if (absl::Status written = WriteCheckpoint(result); !written.ok()) return give_up(written);
+  prepared_[claim.uid] = result;
+  return done.empty() ? std::string("ready") : absl::StrJoin(done, "; ");
+}
+
 drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrepareResourcesRequest& request,
                                                            absl::Time call_start) {
   drav1::NodePrepareResourcesResponse response;
@@ -675,7 +774,12 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
   std::optional<absl::StatusOr<VgpuView>> vgpus;  // vm-vgpu only
   for (const drav1::Claim& claim : request.claims()) {
     drav1::NodePrepareResourceResponse& entry = (*response.mutable_claims())[claim.uid()];
-    if (auto it = prepared_.find(claim.uid()); it != prepared_.end()) {
+    std::optional<PreparedClaim> prebound;
+    if (auto it = prepared_.find(claim.uid()); it != prepared_.end() && it->second.prebound && !it->second.pending) {
+      // Bound before the pod was (binding conditions): only the files are left to write.
+      prebound = it->second;
+      prepared_.erase(it);
+    } else if (it != prepared_.end()) {
       if (!it->second.pending) {
         entry = ToResponse(it->second);  // a repeat answers what the first call prepared
         continue;
@@ -708,7 +812,14 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
       continue;
     }
     absl::StatusOr<PreparedClaim> prepared =
-        PrepareOne(claim, **inventory, selection, start, vgpus ? &**vgpus : nullptr);
+        PrepareOne(claim, **inventory, selection, start, vgpus ? &**vgpus : nullptr, prebound ? &*prebound : nullptr);
+    if (!prepared.ok() && prebound && !prepared_.contains(claim.uid())) {
+      // Its GPUs stay bound for the kubelet's retry, as the pre-bind left them.
+      if (absl::Status kept = WriteCheckpoint(*prebound); !kept.ok()) {
+        spdlog::error("DRA prepare: {}: {}", ClaimRef(claim), std::string(kept.message()));
+      }
+      prepared_[claim.uid()] = *prebound;
+    }
     if (!prepared.ok()) {
       spdlog::warn("DRA prepare: {}", std::string(prepared.status().message()));
       entry.set_error(std::string(prepared.status().message()));

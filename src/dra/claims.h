@@ -52,6 +52,10 @@ struct PreparedClaim {
   // bind may move. A checkpoint still pending after a crash is undone at the next start (or by the kubelet's retry):
   // each recorded function back on its driver, the claim's files removed.
   bool pending = false;
+  // --binding-conditions: bound (and its partition activated) before the pod was bound, from the claim watch; no CDI
+  // spec or metadata yet. Prepare completes it without binding again; a claim deallocated or deleted first is
+  // undone from it (Forget), also after a restart.
+  bool prebound = false;
 };
 
 class ClaimPreparer final : public ClaimHandler {
@@ -69,6 +73,16 @@ class ClaimPreparer final : public ClaimHandler {
   std::vector<PreparedClaim> Prepared() const;
   absl::Status Forget(const std::string& uid);
 
+  // --binding-conditions: the work Prepare would do before its files, done for an allocated claim before its pod is
+  // bound: the checkpoint's intent first (pending), the claim's devices of this node's pool with their whole IOMMU
+  // groups bound to vfio-pci (--bind-on-prepare) and its Fabric Manager partition activated (--fabric-manager),
+  // within kBindBudget from `start`, then a checkpoint that says `prebound`. What it did, for the claim's condition
+  // message; nothing twice (a claim prepared or pre-bound already is answered at once). On failure everything moved
+  // is back on its driver and the error names the holders.
+  absl::StatusOr<std::string> PreBind(const kube::ResourceClaim& claim, absl::Time start);
+  // The claim is pre-bound here and not prepared by the kubelet yet.
+  bool PreBound(const std::string& uid) const;
+
   drav1::NodePrepareResourcesResponse Prepare(const drav1::NodePrepareResourcesRequest& request,
                                               absl::Time call_start) override;
   drav1::NodeUnprepareResourcesResponse Unprepare(const drav1::NodeUnprepareResourcesRequest& request,
@@ -77,9 +91,10 @@ class ClaimPreparer final : public ClaimHandler {
  private:
   // The claim's devices, or the reason it cannot be prepared (the claim's error for the kubelet).
   // `vgpus`: the node's vGPUs on a vm-vgpu node (the claim's devices are vGPUs), null otherwise.
+  // `prebound`: the claim's record from PreBind (its groups bound and partition active already), or null.
   absl::StatusOr<PreparedClaim> PrepareOne(const drav1::Claim& claim, const pci::Inventory& inventory,
                                            const pci::Selection& selection, absl::Time call_start,
-                                           const VgpuView* vgpus);
+                                           const VgpuView* vgpus, const PreparedClaim* prebound);
   // --bind-on-prepare: the allocated devices' groups onto vfio-pci (a device another claim holds is refused
   // before anything is written).
   absl::StatusOr<RecordedDrivers> BindDevices(const std::vector<std::string>& bdfs, const kube::ResourceClaim& claim,

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/server_builder.h"
+#include "binding_worker.h"
 #include "claims.h"
 #include "fabric_claims.h"
 #include "kubelet/health.h"
@@ -52,6 +53,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOn(const std::filesystem::pat
 }
 
 }  // namespace
+
+bool BindingConditionsWanted(const DriverOptions& options) {
+  return options.binding_conditions && options.watch_claims && options.write_claim_status &&
+         options.workload != Workload::kVmVgpu && (options.bind_on_prepare || !options.fabric.address.empty());
+}
 
 absl::Status ValidateDriverName(std::string_view name) {
   auto invalid = [&](std::string_view why) {
@@ -109,6 +115,7 @@ class Driver::Impl {
         }),
         fabric_(options_),
         claims_(options_, &fabric_),
+        binding_wanted_(BindingConditionsWanted(options_)),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
 
@@ -153,6 +160,18 @@ class Driver::Impl {
     spdlog::info("DRA driver {}: serving {} and registration on {} ({} {}, pool {})", options_.driver_name,
                  DraSocket(options_).string(), RegistrationSocket(options_).string(), Devices().size(),
                  options_.workload == Workload::kVmVgpu ? "vGPUs" : "GPUs", options_.node_name);
+    // Before the loop: its thread may end the worker (the server drops the fields).
+    if (binding_wanted_) {
+      binding_ = std::make_unique<internal::BindingWorker>(options_, claims_, serialize_);
+      binding_->Start();
+      spdlog::info("DRA driver {}: binding conditions on: {} and {} on every GPU, claims of node {} watched by label",
+                   options_.driver_name, BindingConditionType(options_.driver_name),
+                   BindingFailureConditionType(options_.driver_name), options_.node_name);
+    } else if (options_.binding_conditions) {
+      spdlog::warn("DRA driver {}: --binding-conditions has nothing to do here (it needs --bind-on-prepare or "
+                   "--fabric-manager on a vm-passthrough node, and the Kubernetes API); GPUs are made ready in "
+                   "Prepare as before", options_.driver_name);
+    }
     loop_ = std::thread([this] { Loop(); });
     if (options_.publish_slices && options_.watch_slices) {
       slice_watch_ = options_.watch_slices([this] {
@@ -178,6 +197,7 @@ class Driver::Impl {
       loop_.join();
       if (sweeper_.joinable()) sweeper_.join();
     }
+    binding_.reset();  // after the loop, the only other thread that may end it
     if (registration_server_) {
       std::error_code ec;
       std::filesystem::remove(RegistrationSocket(options_), ec);
@@ -265,6 +285,16 @@ class Driver::Impl {
     }
     ApplyHealthTaints(&next, options_.driver_name, options_.paths, options_.taints,
                       /*whole_gpus=*/options_.workload != Workload::kVmVgpu);
+    if (binding_wanted_) {
+      // Every GPU, not only those off vfio-pci now: which GPUs are on vfio-pci changes with every claim, and a
+      // slice that followed it would be rewritten at each Prepare and Unprepare, racing with the scheduler's view.
+      // A GPU already bound costs one status write; bindsToNode is not set: our slices name their node, so an
+      // allocation is bound to it already (the scheduler's nodeSelector).
+      for (GpuDevice& device : next) {
+        device.slice.binding_conditions = {BindingConditionType(options_.driver_name)};
+        device.slice.binding_failure_conditions = {BindingFailureConditionType(options_.driver_name)};
+      }
+    }
     if (next == previous && health_sent_) return;
     LogChanges(previous, next);
     {
@@ -324,6 +354,12 @@ class Driver::Impl {
     std::vector<kube::SliceDevice> slices;
     for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
     absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
+    if (result.ok() && result->binding_conditions_dropped && binding_) {
+      // Kubernetes < 1.36 (or the gates off): the scheduler never waits, so nothing is watched; Prepare binds.
+      spdlog::warn("DRA driver {}: the API server drops bindingConditions; the claim watch stops and GPUs are made "
+                   "ready in Prepare as without --binding-conditions", options_.driver_name);
+      binding_.reset();  // joins its threads; no lock of ours is held
+    }
     std::lock_guard lock(mu_);
     if (!result.ok()) {
       // Retried in a second: an API server that is down costs one failed request a second, no more.
@@ -476,6 +512,7 @@ class Driver::Impl {
   internal::RegistrationService registration_;
   internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
+  const bool binding_wanted_;
   std::set<std::string> vgpu_problems_;   // vm-vgpu: the last rescan's, logged once each
   std::mutex serialize_;
   internal::DraServiceV1 v1_;
@@ -486,6 +523,8 @@ class Driver::Impl {
   std::unique_ptr<grpc::Server> dra_server_;
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<kube::ResourceSliceWatch> slice_watch_;  // its own thread; reset before the loop is joined
+  // --binding-conditions: its own threads; ended by the loop thread (the server drops the fields) or by Stop.
+  std::unique_ptr<internal::BindingWorker> binding_;
 
   mutable std::mutex mu_;  // devices_ and the slice counters, read by other threads
   std::vector<GpuDevice> devices_;

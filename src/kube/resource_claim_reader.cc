@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
+#include "claim_json.h"
 #include "config.h"
 #include "nlohmann/json.hpp"
 
@@ -25,6 +26,15 @@ bool IsObjectName(const std::string& name) {
   return true;
 }
 
+std::vector<std::string> Strings(const Json& object, const char* key) {
+  std::vector<std::string> out;
+  if (!object.is_object() || !object.contains(key) || !object[key].is_array()) return out;
+  for (const Json& value : object[key]) {
+    if (value.is_string()) out.push_back(value.get<std::string>());
+  }
+  return out;
+}
+
 }  // namespace
 
 ResourceClaimReader::ResourceClaimReader(std::unique_ptr<ApiClient> client) : client_(std::move(client)) {}
@@ -42,14 +52,22 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
   if (!response.ok()) return response.status();
   const std::string where = absl::StrCat("GET ", client_->Url(path), ": ", response->code, " ");
   const Json object = Json::parse(response->body, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<ResourceClaim> claim = ParseResourceClaim(object);
+  if (!claim.ok()) return absl::DataLossError(absl::StrCat(where, claim.status().message()));
+  return claim;
+}
+
+absl::StatusOr<ResourceClaim> ParseResourceClaim(const nlohmann::json& object) {
   if (!object.is_object() || StringAt(object, "kind") != "ResourceClaim" || !object.contains("metadata")) {
-    return absl::DataLossError(absl::StrCat(where, "the answer is not a ResourceClaim"));
+    return absl::DataLossError("the answer is not a ResourceClaim");
   }
   const Json& metadata = object["metadata"];
   ResourceClaim claim;
   claim.namespace_name = StringAt(metadata, "namespace");
   claim.name = StringAt(metadata, "name");
   claim.uid = StringAt(metadata, "uid");
+  claim.resource_version = StringAt(metadata, "resourceVersion");
+  claim.deleting = metadata.contains("deletionTimestamp") && !metadata["deletionTimestamp"].is_null();
   if (metadata.contains("generation") && metadata["generation"].is_number_integer()) {
     claim.generation = metadata["generation"].get<int64_t>();
   }
@@ -85,7 +103,9 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
       claim.results.push_back({.request = StringAt(result, "request"),
                                .driver = StringAt(result, "driver"),
                                .pool = StringAt(result, "pool"),
-                               .device = StringAt(result, "device")});
+                               .device = StringAt(result, "device"),
+                               .binding_conditions = Strings(result, "bindingConditions"),
+                               .binding_failure_conditions = Strings(result, "bindingFailureConditions")});
       if (auto it = classes.find(claim.results.back().request); it != classes.end()) {
         claim.results.back().device_class = it->second;
       }
@@ -97,8 +117,27 @@ absl::StatusOr<ResourceClaim> ResourceClaimReader::Get(const std::string& namesp
       if (const std::string uid = StringAt(consumer, "uid"); !uid.empty()) claim.reserved_for.push_back(uid);
     }
   }
+  if (object.contains("status") && object["status"].is_object() && object["status"].contains("devices") &&
+      object["status"]["devices"].is_array()) {
+    for (const Json& entry : object["status"]["devices"]) {
+      DeviceStatus status{.driver = StringAt(entry, "driver"), .pool = StringAt(entry, "pool"),
+                          .device = StringAt(entry, "device")};
+      if (entry.contains("conditions") && entry["conditions"].is_array()) {
+        for (const Json& condition : entry["conditions"]) {
+          status.conditions.push_back({.type = StringAt(condition, "type"),
+                                       .status = StringAt(condition, "status"),
+                                       .reason = StringAt(condition, "reason"),
+                                       .message = StringAt(condition, "message"),
+                                       .last_transition_time = StringAt(condition, "lastTransitionTime"),
+                                       .observed_generation = condition.value("observedGeneration", int64_t{0})});
+        }
+      }
+      claim.device_statuses.push_back(std::move(status));
+    }
+  }
   return claim;
 }
+
 
 absl::StatusOr<std::unique_ptr<ResourceClaimReader>> ConnectResourceClaimReader(const ClaimReaderOptions& options) {
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);

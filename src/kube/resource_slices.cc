@@ -1,12 +1,12 @@
 #include "vfio_gpu_agent/kube/resource_slices.h"
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "api_client.h"
 #include "config.h"
+#include "list_watch.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
@@ -68,6 +68,18 @@ Json DeviceJson(const SliceDevice& device) {
     }
     out["taints"] = std::move(taints);
   }
+  if (device.binds_to_node) out["bindsToNode"] = true;
+  if (!device.binding_conditions.empty()) out["bindingConditions"] = device.binding_conditions;
+  if (!device.binding_failure_conditions.empty()) out["bindingFailureConditions"] = device.binding_failure_conditions;
+  return out;
+}
+
+std::vector<std::string> Strings(const Json& object, const char* key) {
+  std::vector<std::string> out;
+  if (!object.contains(key) || !object[key].is_array()) return out;
+  for (const Json& value : object[key]) {
+    if (value.is_string()) out.push_back(value.get<std::string>());
+  }
   return out;
 }
 
@@ -96,6 +108,10 @@ SliceDevice ParseDevice(const Json& device) {
                             .effect = taint.value("effect", "")});
     }
   }
+  out.binds_to_node = device.contains("bindsToNode") && device["bindsToNode"].is_boolean() &&
+                      device["bindsToNode"].get<bool>();
+  out.binding_conditions = Strings(device, "bindingConditions");
+  out.binding_failure_conditions = Strings(device, "bindingFailureConditions");
   return out;
 }
 
@@ -144,7 +160,8 @@ bool Matches(const std::vector<ExistingSlice>& existing, const std::vector<std::
   return true;
 }
 
-// What ResourceSliceMaxDevicesWithAdvancedFeatures counts, of what we publish.
+// What ResourceSliceMaxDevicesWithAdvancedFeatures counts, of what we publish: taints. Binding conditions do not
+// lower the cap in 1.36 (pkg/apis/resource/validation: haveDeviceTaints, haveConsumesCounters, haveListAttributes).
 bool UsesAdvancedFeatures(const SliceDevice& device) { return !device.taints.empty(); }
 
 // Devices (sorted) in slices of at most 128, or 64 once a slice holds a device with an advanced feature.
@@ -172,8 +189,15 @@ bool KeepsOffTheDevice(const SliceDevice& device) {
                      [](const DeviceTaint& taint) { return taint.effect != "None"; });
 }
 
-// True when the server stored a device of `written` without the taints we wrote (DRADeviceTaints off).
-bool TaintsDropped(const std::vector<SliceDevice>& written, const Json& stored) {
+bool HasBindingConditions(const SliceDevice& device) { return !device.binding_conditions.empty(); }
+
+// Which of our fields the server stored a device of `written` without: the taints (DRADeviceTaints off), the
+// binding conditions (DRADeviceBindingConditions or DRAResourceClaimDeviceStatus off).
+struct Dropped {
+  bool taints = false;
+  bool binding_conditions = false;
+};
+Dropped FieldsDropped(const std::vector<SliceDevice>& written, const Json& stored) {
   std::map<std::string, SliceDevice> answered;
   if (stored.is_object() && stored.contains("spec") && stored["spec"].contains("devices") &&
       stored["spec"]["devices"].is_array()) {
@@ -182,12 +206,14 @@ bool TaintsDropped(const std::vector<SliceDevice>& written, const Json& stored) 
       answered[parsed.name] = std::move(parsed);
     }
   }
+  Dropped dropped;
   for (const SliceDevice& device : written) {
-    if (device.taints.empty()) continue;
     auto it = answered.find(device.name);
-    if (it != answered.end() && it->second.taints.empty()) return true;
+    if (it == answered.end()) continue;
+    if (!device.taints.empty() && it->second.taints.empty()) dropped.taints = true;
+    if (HasBindingConditions(device) && !HasBindingConditions(it->second)) dropped.binding_conditions = true;
   }
-  return false;
+  return dropped;
 }
 
 std::string Escape(const std::string& text) {
@@ -246,18 +272,14 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::Publish(std::vector<SliceD
   std::sort(devices.begin(), devices.end(), [](const SliceDevice& a, const SliceDevice& b) { return a.name < b.name; });
   bool dropped_now = false;
   absl::StatusOr<PublishResult> result = PublishOnce(devices, &dropped_now);
-  if (!result.ok() || !dropped_now) return result;
-  taints_dropped_ = true;
-  std::vector<std::string> tainted;
-  for (const SliceDevice& device : devices) {
-    if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
+  if (!result.ok() || !dropped_now) {
+    if (result.ok()) result->binding_conditions_dropped = binding_conditions_dropped_;
+    return result;
   }
-  spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
-               "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now on "
-               "instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
   const PublishResult first = *result;
   result = PublishOnce(devices, &dropped_now);
   if (!result.ok()) return result;
+  result->binding_conditions_dropped = binding_conditions_dropped_;
   result->created += first.created;
   result->updated += first.updated;
   result->deleted += first.deleted;
@@ -276,6 +298,11 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
     }
     published.push_back(device);
     if (taints_dropped_) published.back().taints.clear();  // informational ones: the server drops them anyway
+    if (binding_conditions_dropped_) {
+      published.back().binding_conditions.clear();
+      published.back().binding_failure_conditions.clear();
+      published.back().binds_to_node = false;
+    }
   }
   const std::vector<std::vector<SliceDevice>> chunks = Chunk(published);
 
@@ -349,7 +376,23 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
       versions[name] = stored["metadata"].value("resourceVersion", "");
       own_->Wrote(name, versions[name]);
     }
-    if (!taints_dropped_ && TaintsDropped(chunks[i], stored)) *dropped_now = true;
+    const Dropped dropped = FieldsDropped(chunks[i], stored);
+    if (!taints_dropped_ && dropped.taints) {
+      taints_dropped_ = *dropped_now = true;
+      std::vector<std::string> tainted;
+      for (const SliceDevice& device : devices) {
+        if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
+      }
+      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
+                   "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now "
+                   "on instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
+    }
+    if (!binding_conditions_dropped_ && dropped.binding_conditions) {
+      binding_conditions_dropped_ = *dropped_now = true;
+      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' bindingConditions (feature "
+                   "gates DRADeviceBindingConditions/DRAResourceClaimDeviceStatus off, Kubernetes < 1.36); "
+                   "--binding-conditions falls back to binding in NodePrepareResources", options_.node_name);
+    }
   }
   for (size_t i = chunks.size(); i < existing->size(); ++i) {
     const ExistingSlice& obsolete = (*existing)[i];
@@ -425,132 +468,27 @@ std::unique_ptr<ResourceSliceWatch> ResourceSlicePublisher::Watch(std::function<
 }
 
 ResourceSliceWatch::ResourceSliceWatch(std::shared_ptr<ApiClient> client, std::string path,
-                                       std::function<void()> changed, Ours ours)
-    : client_(std::move(client)),
-      path_(std::move(path)),
-      changed_(std::move(changed)),
-      ours_(std::move(ours)),
-      cancel_(std::make_unique<StreamCanceller>()) {
-  thread_ = std::thread([this] { Run(); });
+                                       std::function<void()> changed, Ours ours) {
+  // Every list but the first reports (what happened while nobody watched); an event only when not ours.
+  ListWatcher::Handlers handlers{
+      .listed = [changed](const Json&, bool relisted) {
+        if (relisted) changed();
+      },
+      .event = [changed, ours = std::move(ours)](const std::string& type, const Json& object) {
+        std::string name, version;
+        if (object.contains("metadata") && object["metadata"].is_object()) {
+          name = object["metadata"].value("name", "");
+          version = object["metadata"].value("resourceVersion", "");
+        }
+        if (!(ours && ours(type, name, version))) changed();
+      }};
+  watcher_ = std::make_unique<ListWatcher>(std::move(client), std::move(path), "ResourceSlices", "slice-watch",
+                                           std::move(handlers));
 }
 
-ResourceSliceWatch::~ResourceSliceWatch() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cancel_->Cancel();
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-bool ResourceSliceWatch::WaitBackoff(std::chrono::milliseconds backoff) {
-  std::unique_lock lock(mu_);
-  return !cv_.wait_for(lock, backoff, [this] { return stopping_.load(); });
-}
-
-void ResourceSliceWatch::Run() {
-  NameThisThread("slice-watch");
-  constexpr std::chrono::milliseconds kFirstBackoff = 1s;
-  constexpr std::chrono::milliseconds kMaxBackoff = 30s;
-  std::chrono::milliseconds backoff = kFirstBackoff;
-  std::string version;  // empty: list first
-  bool listed = false;
-  std::string failing;  // the error logged, until a watch works again
-  // client-go's reflector asks for a random 5 to 10 minutes, so that a fleet's watches do not all end at once.
-  std::mt19937 random(std::random_device{}());
-  auto failed = [&](const std::string& why) {
-    if (why != failing) spdlog::warn("watch of ResourceSlices {}: {}; retried in {} s", path_, why, backoff.count() / 1000);
-    failing = why;
-    if (!WaitBackoff(backoff)) return false;
-    backoff = std::min(backoff * 2, kMaxBackoff);
-    return true;
-  };
-  while (!stopping_) {
-    if (version.empty()) {
-      ++lists_;
-      absl::StatusOr<ApiResponse> list = client_->Send("GET", path_, "", "", 10s, &stopping_);
-      if (stopping_) return;
-      absl::Status status = AnswerStatus(list, absl::StrCat("GET ", client_->Url(path_)));
-      Json body;
-      if (status.ok()) body = Json::parse(list->body, nullptr, /*allow_exceptions=*/false);
-      if (status.ok() && (!body.is_object() || !body.contains("metadata") || !body["metadata"].is_object() ||
-                          !body["metadata"].contains("resourceVersion") ||
-                          !body["metadata"]["resourceVersion"].is_string())) {
-        status = absl::DataLossError("the list has no metadata.resourceVersion");
-      }
-      if (!status.ok()) {
-        if (!failed(std::string(status.message()))) return;
-        continue;
-      }
-      version = body["metadata"]["resourceVersion"].get<std::string>();
-      if (listed) changed_();  // whatever happened while nobody watched
-      listed = true;
-    }
-    const int timeout_seconds = std::uniform_int_distribution<int>(300, 600)(random);
-    const std::string path = absl::StrCat(path_, "&watch=true&allowWatchBookmarks=true&resourceVersion=", version,
-                                          "&timeoutSeconds=", timeout_seconds);
-    ++watches_;
-    bool gone = false;
-    std::string error;
-    const auto started = std::chrono::steady_clock::now();
-    absl::StatusOr<ApiResponse> answer = client_->Stream(
-        path,
-        [&](absl::string_view line) {
-          const Json event = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-          if (!event.is_object() || !event.contains("type") || !event["type"].is_string() ||
-              !event.contains("object") || !event["object"].is_object()) {
-            error = absl::StrCat("not a watch event: ", line.substr(0, 200));
-            return false;
-          }
-          const std::string type = event["type"].get<std::string>();
-          const Json& object = event["object"];
-          if (type == "ERROR") {
-            if (object.value("code", 0) == 410) {
-              gone = true;
-            } else {
-              error = absl::StrCat("ERROR event: ", object.value("code", 0), " ", object.value("message", ""));
-            }
-            return false;
-          }
-          std::string name;
-          if (object.contains("metadata") && object["metadata"].is_object()) {
-            const Json& meta = object["metadata"];
-            if (meta.contains("resourceVersion") && meta["resourceVersion"].is_string()) {
-              version = meta["resourceVersion"].get<std::string>();
-            }
-            name = meta.value("name", "");
-          }
-          if (type != "BOOKMARK" && !(ours_ && ours_(type, name, version))) changed_();
-          return true;
-        },
-        std::chrono::seconds(timeout_seconds + 30), *cancel_);
-    if (stopping_) return;
-    if (answer.ok() && answer->code == 410) gone = true;
-    if (gone) {
-      // The resourceVersion is compacted away: list again (the list's answer is what we may have missed).
-      spdlog::info("watch of ResourceSlices {}: resourceVersion {} is gone (410); listing again", path_, version);
-      version.clear();
-      continue;
-    }
-    if (!answer.ok()) error = std::string(answer.status().message());
-    if (error.empty() && answer->code / 100 != 2) {
-      error = absl::StrCat(answer->code, " ", ServerMessage(*answer));
-    }
-    if (!error.empty()) {
-      if (!failed(error)) return;
-      continue;
-    }
-    if (std::chrono::steady_clock::now() - started < kFirstBackoff) {
-      // Ended at once without an error (a proxy that cuts watches): not a reason to hammer the server.
-      if (!failed("the server ended the watch at once")) return;
-      continue;
-    }
-    if (!failing.empty()) spdlog::info("watch of ResourceSlices {}: watching again", path_);
-    failing.clear();
-    backoff = kFirstBackoff;
-  }
-}
+ResourceSliceWatch::~ResourceSliceWatch() = default;
+uint64_t ResourceSliceWatch::watches() const { return watcher_->watches(); }
+uint64_t ResourceSliceWatch::lists() const { return watcher_->lists(); }
 
 absl::Status ResourceSlicePublisher::DeleteAll() {
   absl::StatusOr<std::vector<ExistingSlice>> existing = ListSlices(*client_, options_);

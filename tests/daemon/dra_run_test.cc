@@ -188,6 +188,47 @@ TEST(DraRunTest, WithBindOnPrepareNothingIsBoundAtStartAndEveryGpuIsPublishedHea
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
 }
 
+// `run --bind-on-prepare --binding-conditions` as a process: a claim allocated by the scheduler (the fake API server's
+// `allocate`, which copies the slices' conditions and labels the claim as the router does) gets its GPU bound before
+// any Prepare and its condition True; the Node Event names the claim and its wait, the histogram counts it; Prepare
+// moves nothing more.
+TEST(DraRunTest, WithBindingConditionsAClaimIsBoundBeforePrepareWithAnEventAndTheWaitObserved) {
+  DraNode dra;
+  ASSERT_NO_FATAL_FAILURE(dra.Start({"--bind-on-prepare", "--binding-conditions"}));
+  EXPECT_TRUE(dra.run->WaitReady()) << dra.run->Log();
+  EXPECT_TRUE(WaitUntil([&] {
+    auto slices = dra.api->Slices();
+    return slices.ok() && slices->size() == 1 &&
+           (*slices)[0]["spec"]["devices"][0].contains("bindingConditions");
+  })) << dra.run->Log();
+  const std::string gpu = kH200Gpus[0];
+  const nlohmann::json claim = {{"metadata", {{"namespace", "vms"}, {"name", "vm"}, {"uid", "uid-1"}}},
+                                {"spec", {{"devices", {{"requests", nlohmann::json::array()}}}}}};
+  ASSERT_TRUE(dra.api->Control("claim " + claim.dump()).ok());
+  const nlohmann::json results = nlohmann::json::array(
+      {{{"request", "gpu"}, {"driver", kDraDriver}, {"pool", "node-a"}, {"device", dra::DeviceName(gpu)}}});
+  ASSERT_TRUE(dra.api->Control("allocate vms vm node-a [] " + results.dump()).ok());
+  EXPECT_TRUE(WaitUntil([&] { return !dra.EventNotes("ClaimDevicesReady", "claim vms/vm (uid-1) ready").empty(); }))
+      << dra.run->Log();
+  EXPECT_EQ(DriverOf(*dra.node, gpu), "vfio-pci");
+  EXPECT_EQ(DriverOf(*dra.node, kH200Gpus[1]), "nvidia");
+  auto stored = dra.api->Control("get-claim vms vm");
+  ASSERT_TRUE(stored.ok());
+  const nlohmann::json condition = nlohmann::json::parse(*stored)["status"]["devices"][0]["conditions"][0];
+  EXPECT_EQ(condition["type"], std::string(kDraDriver) + "/vfio-bound");
+  EXPECT_EQ(condition["status"], "True");
+  EXPECT_NE(dra.run->Metrics().find("vfio_gpu_agent_dra_binding_wait_seconds_count{result=\"ok\"} 1"),
+            std::string::npos);
+  auto prepared = dra.kubelet->Prepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->claims().at("uid-1").error(), "");
+  auto unprepared = dra.kubelet->Unprepare(kDraDriver, {kubeletsim::dra::MakeClaim("vms", "vm", "uid-1")});
+  ASSERT_TRUE(unprepared.ok()) << unprepared.status();
+  EXPECT_EQ(DriverOf(*dra.node, gpu), "nvidia");
+  const int status = dra.run->SignalAndWait(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dra.run->Log();
+}
+
 // HGX shared-NVSwitch mode with DRA: the fake Fabric Manager of tests/fabric (its state file into `fm`) behind the
 // agent; `mode` is FM's at start.
 void StartWithFabricManager(DraNode& dra, std::filesystem::path* fm, const std::string& mode = "shared") {
@@ -453,7 +494,8 @@ TEST_P(DraUsageTest, IsAUsageError) {
 
 INSTANTIATE_TEST_SUITE_P(Flags, DraUsageTest,
                          // a policy of the DRA driver, meaningless to the device plugin
-                         ::testing::Values(std::vector<std::string>{"--bind-on-prepare"}));
+                         ::testing::Values(std::vector<std::string>{"--bind-on-prepare"},
+                                           std::vector<std::string>{"--binding-conditions"}));
 
 }  // namespace
 }  // namespace vfio_agent::daemon::testing

@@ -214,3 +214,33 @@ TEST(DriverNameTest, DnsSubdomainsOnly) {
 
 }  // namespace
 }  // namespace vfio_agent::dra
+
+namespace vfio_agent::dra {
+namespace {
+
+// --binding-conditions has work only where a GPU must be made ready first: vGPU claims need no bind (a vGPU is never
+// a whole GPU), a passthrough GPU that stays on vfio-pci without a partition needs nothing.
+TEST(BindingConditionsWantedTest, OnlyWhereAGpuNeedsWorkBeforeUse) {
+  DriverOptions options;
+  options.binding_conditions = true;
+  options.watch_claims = [](kube::ResourceClaimWatch::Handlers) { return nullptr; };
+  options.write_claim_status = [](const kube::ResourceClaim&, const std::vector<kube::DeviceStatus>&) {
+    return absl::OkStatus();
+  };
+  EXPECT_FALSE(BindingConditionsWanted(options));  // passthrough, GPUs bound at start, no FM
+  options.bind_on_prepare = true;
+  EXPECT_TRUE(BindingConditionsWanted(options));
+  options.bind_on_prepare = false;
+  options.fabric.address = "unix:/run/nvidia-fabricmanager/fm.sock";
+  EXPECT_TRUE(BindingConditionsWanted(options));
+  options.workload = Workload::kVmVgpu;
+  EXPECT_FALSE(BindingConditionsWanted(options));
+  options.workload = Workload::kVmPassthrough;
+  options.binding_conditions = false;
+  EXPECT_FALSE(BindingConditionsWanted(options));
+  EXPECT_EQ(BindingConditionType(kDefaultDriverName), "gpu.vfio-agent.cozystack.io/vfio-bound");
+  EXPECT_EQ(BindingFailureConditionType(kDefaultDriverName), "gpu.vfio-agent.cozystack.io/bind-failed");
+}
+
+}  // namespace
+}  // namespace vfio_agent::dra

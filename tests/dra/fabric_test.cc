@@ -21,6 +21,7 @@
 #include "support/wait.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/kube/resource_claims.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 
 namespace vfio_agent::dra {
@@ -287,6 +288,74 @@ TEST_F(DraFabricTest, TwoAndEightGpuClaimsActivateTheirPartitionAndUnprepareRele
   ASSERT_EQ(Unprepare("eight", "uid-eight"), "");
   ASSERT_TRUE(FmActive({}));
   EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-eight")));
+}
+
+// --binding-conditions in shared-NVSwitch mode: the claim's partition is active before its pod is bound (the claim
+// says so in status.devices), Prepare asks FM nothing more, and a claim deallocated before Prepare releases it.
+TEST_F(DraFabricTest, WithBindingConditionsAClaimsPartitionIsActiveBeforePrepare) {
+  auto claims = kube::ConnectResourceClaimClient(kubeconfig_, "", {.node_name = kNode, .driver = kDriver});
+  ASSERT_TRUE(claims.ok()) << claims.status();
+  DriverOptions options = Options();
+  options.binding_conditions = true;
+  options.watch_claims = [&](kube::ResourceClaimWatch::Handlers handlers) { return (*claims)->Watch(std::move(handlers)); };
+  options.write_claim_status = [&](const kube::ResourceClaim& claim, const std::vector<kube::DeviceStatus>& devices) {
+    return (*claims)->ApplyDeviceStatus(claim, devices);
+  };
+  ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(options, &driver_, &kubelet_));
+  ASSERT_TRUE(testing::WaitUntil([&] { auto slices = api_->Slices(); return slices.ok() && !slices->empty(); }));
+  EXPECT_EQ((*api_->Slices())[0]["spec"]["devices"][0]["bindingConditions"],
+            Json::array({absl::StrCat(kDriver, "/vfio-bound")}));
+  auto allocate = [&](const std::string& name, const std::string& uid, const std::vector<std::string>& gpus) {
+    Json results = Json::array();
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      results.push_back({{"request", absl::StrCat("gpu-", i)}, {"driver", kDriver}, {"pool", kNode},
+                         {"device", DeviceName(gpus[i])}});
+    }
+    const Json claim = {{"metadata", {{"namespace", "vms"}, {"name", name}, {"uid", uid}}},
+                        {"spec", {{"devices", {{"requests", Json::array()}}}}}};
+    ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
+    ASSERT_TRUE(api_->Control(absl::StrCat("allocate vms ", name, " ", kNode, " [] ", results.dump())).ok());
+  };
+  auto ready = [&](const std::string& name) {
+    auto reply = api_->Control("get-claim vms " + name);
+    if (!reply.ok()) return false;
+    const Json claim = Json::parse(*reply);
+    const Json devices = claim["status"].value("devices", Json::array());
+    return !devices.empty() && devices[0]["conditions"][0]["type"] == absl::StrCat(kDriver, "/vfio-bound") &&
+           devices[0]["conditions"][0]["status"] == "True";
+  };
+  allocate("pair", "uid-pair", {Module(4), Module(3)});
+  ASSERT_TRUE(testing::WaitUntil([&] { return ready("pair"); }));
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{4});  // before any Prepare
+  const int activations = Fm().counts["activate"];
+  ASSERT_EQ(Prepare("pair", "uid-pair"), "");
+  EXPECT_EQ(Fm().counts["activate"], activations);
+  EXPECT_EQ(Json::parse(std::ifstream(Checkpoint("uid-pair")))["fabricPartitions"], Json::array({4}));
+  ASSERT_EQ(Unprepare("pair", "uid-pair"), "");
+  ASSERT_TRUE(FmActive({}));
+
+  allocate("other", "uid-other", {Module(5), Module(6)});
+  ASSERT_TRUE(testing::WaitUntil([&] { return ready("other"); }));
+  ASSERT_TRUE(FmActive({5}));
+  ASSERT_TRUE(api_->Control("deallocate vms other").ok());
+  ASSERT_TRUE(FmActive({}));
+  EXPECT_TRUE(testing::WaitUntil([&] { return !std::filesystem::exists(Checkpoint("uid-other")); }));
+
+  // Three GPUs are no partition: the failure condition says so before the pod is bound, nothing is activated.
+  allocate("three", "uid-three", {Module(1), Module(2), Module(3)});
+  std::string message;
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    auto reply = api_->Control("get-claim vms three");
+    if (!reply.ok()) return false;
+    const Json devices = Json::parse(*reply)["status"].value("devices", Json::array());
+    if (devices.empty() || devices[0]["conditions"][0]["type"] != absl::StrCat(kDriver, "/bind-failed")) return false;
+    message = devices[0]["conditions"][0].value("message", "");
+    return true;
+  }));
+  EXPECT_NE(message.find("are no Fabric Manager partition"), std::string::npos) << message;
+  EXPECT_EQ(Fm().active, std::set<uint32_t>{});
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint("uid-three")));
+  driver_.reset();
 }
 
 TEST_F(DraFabricTest, GpusThatAreNoPartitionAreRefusedNamingThemAndTheSizes) {

@@ -342,6 +342,81 @@ TEST_F(ResourceSlicesTest, WhenTheServerDropsTaintsTheUnhealthyDeviceIsLeftOutAn
   EXPECT_EQ(DevicesIn(Stored()[0]), 3u);
 }
 
+SliceDevice Bound(int bus) {
+  SliceDevice device = Gpu(bus);
+  device.binding_conditions = {"gpu.vfio-agent.cozystack.io/vfio-bound"};
+  device.binding_failure_conditions = {"gpu.vfio-agent.cozystack.io/bind-failed"};
+  return device;
+}
+
+// 1.36 stores binding conditions as written; they do not lower the 128-device cap (only taints, counters and list
+// attributes do), and a pass that finds them stored writes nothing.
+TEST_F(ResourceSlicesTest, BindingConditionsArePublishedAndDoNotLowerTheDeviceCap) {
+  std::vector<SliceDevice> devices;
+  for (int i = 0; i < 100; ++i) devices.push_back(Bound(i + 1));
+  auto result = publisher_->Publish(devices);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->binding_conditions_dropped);
+  Json slices = Stored();
+  ASSERT_EQ(slices.size(), 1u);
+  EXPECT_EQ(DevicesIn(slices[0]), 100u);
+  const Json& device = slices[0]["spec"]["devices"][0];
+  EXPECT_EQ(device["bindingConditions"], Json::array({"gpu.vfio-agent.cozystack.io/vfio-bound"}));
+  EXPECT_EQ(device["bindingFailureConditions"], Json::array({"gpu.vfio-agent.cozystack.io/bind-failed"}));
+  EXPECT_FALSE(device.contains("bindsToNode"));  // our slices name their node already
+  const size_t writes = Writes();
+  ASSERT_TRUE(publisher_->Publish(devices).ok());
+  EXPECT_EQ(Writes(), writes);
+}
+
+// kube-apiserver 1.36's validateDeviceBindingParameters, as the fake server answers it.
+TEST_F(ResourceSlicesTest, TheApiValidatesBindingConditionsAsKubeApiserverDoes) {
+  auto slice = [&](Json conditions, Json failures) {
+    Json device = {{"name", "gpu-0"}};
+    if (!conditions.is_null()) device["bindingConditions"] = conditions;
+    if (!failures.is_null()) device["bindingFailureConditions"] = failures;
+    return Json{{"apiVersion", "resource.k8s.io/v1"}, {"kind", "ResourceSlice"}, {"metadata", {{"name", "s"}}},
+                {"spec", {{"driver", kDriver}, {"nodeName", kNode},
+                          {"pool", {{"name", kNode}, {"generation", 0}, {"resourceSliceCount", 1}}},
+                          {"devices", Json::array({device})}}}};
+  };
+  auto message = [&](const ApiResponse& response) {
+    EXPECT_EQ(response.code, 422) << response.body;
+    return Json::parse(response.body).value("message", "");
+  };
+  EXPECT_THAT(message(Request("POST", kSlices, slice({"a/1", "a/2", "a/3", "a/4", "a/5"}, {"f/1"}))),
+              HasSubstr("spec.devices[0].bindingConditions: Too many: 5: must have at most 4 items"));
+  EXPECT_THAT(message(Request("POST", kSlices, slice({"a/1"}, {"f/1", "f/2", "f/3", "f/4", "f/5"}))),
+              HasSubstr("spec.devices[0].bindingFailureConditions: Too many: 5"));
+  EXPECT_THAT(message(Request("POST", kSlices, slice({"not a type"}, {"f/1"}))),
+              HasSubstr("spec.devices[0].bindingConditions[0]: Invalid value"));
+  EXPECT_THAT(message(Request("POST", kSlices, slice({"a/1"}, {"a/1"}))),
+              HasSubstr("bindingFailureConditions must not overlap with bindingConditions"));
+  EXPECT_THAT(message(Request("POST", kSlices, slice({"a/1"}, nullptr))),
+              HasSubstr("bindingFailureConditions are required to use bindingConditions"));
+  EXPECT_THAT(message(Request("POST", kSlices, slice(nullptr, {"f/1"}))),
+              HasSubstr("bindingConditions are required to use bindingFailureConditions"));
+  EXPECT_EQ(Request("POST", kSlices, slice({"a/1", "a/2", "a/3", "a/4"}, {"f/1", "f/2", "f/3", "f/4"})).code, 201);
+}
+
+// 1.34/1.35 (DRADeviceBindingConditions off) drop the fields: the publisher says so in every result (the driver
+// then binds in Prepare), publishes the devices without them and does not rewrite every pass.
+TEST_F(ResourceSlicesTest, WhenTheServerDropsBindingConditionsEveryResultSaysSoAndNothingLoops) {
+  RestartApiWithGates("DRADeviceBindingConditions=false");
+  auto result = publisher_->Publish({Bound(1), Bound(2)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->binding_conditions_dropped);
+  EXPECT_EQ(DevicesIn(Stored()[0]), 2u);
+  EXPECT_FALSE(Stored()[0]["spec"]["devices"][0].contains("bindingConditions"));
+  const size_t writes = Writes();
+  for (int i = 0; i < 3; ++i) {
+    auto again = publisher_->Publish({Bound(1), Bound(2)});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->binding_conditions_dropped);
+  }
+  EXPECT_EQ(Writes(), writes);
+}
+
 // A server that changes what it stores in a way we cannot express (here: dropping a field) does not make every
 // pass rewrite: what our last write left, untouched since, is taken as equal.
 TEST_F(ResourceSlicesTest, WhatOurLastWriteLeftIsNotRewrittenWhateverTheServerStored) {

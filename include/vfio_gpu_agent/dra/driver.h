@@ -22,6 +22,7 @@
 #include "vfio_gpu_agent/dra/taints.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/kube/resource_claims.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/node/source.h"
@@ -44,6 +45,33 @@ inline constexpr std::string_view kServiceV1beta1 = "v1beta1.DRAPlugin";
 // 1.36 kubelet knows v1alpha1 only and opens it whatever the list says. Both are served from one stream source.
 inline constexpr std::string_view kServiceHealthV1 = "v1.DRAResourceHealth";
 inline constexpr std::string_view kServiceHealthV1alpha1 = "v1alpha1.DRAResourceHealth";
+
+// Binding conditions (KEP-5007, --binding-conditions): a device that needs work before a VM can use it (bound to
+// vfio-pci under --bind-on-prepare, a Fabric Manager partition) is published with the condition types
+// "<driver>/vfio-bound" (binding) and "<driver>/bind-failed" (failure). The scheduler copies them into the claim's
+// allocation and waits in PreBind until the agent sets the first True in the claim's status.devices[] entry, or
+// gives the allocation up (and schedules the pod again) when the agent sets the second.
+inline constexpr std::string_view kBindingConditionName = "vfio-bound";
+inline constexpr std::string_view kBindingFailureConditionName = "bind-failed";
+std::string BindingConditionType(std::string_view driver);         // <driver>/vfio-bound
+std::string BindingFailureConditionType(std::string_view driver);  // <driver>/bind-failed
+
+// One claim's binding, as `run` reports it (a metric and an Event).
+struct BindingOutcome {
+  std::string namespace_name;
+  std::string name;
+  std::string uid;
+  bool ok = false;
+  std::chrono::nanoseconds waited{0};  // from the allocation seen to the condition written
+  std::string message;                 // what was done, or why it failed (the holder named)
+};
+
+// Starts the watch of the node's claims (kube::ResourceClaimClient::Watch); its handlers run on its thread.
+using ClaimWatcher =
+    std::function<std::unique_ptr<kube::ResourceClaimWatch>(kube::ResourceClaimWatch::Handlers handlers)>;
+// Applies the driver's status.devices[] entries of a claim (kube::ResourceClaimClient::ApplyDeviceStatus).
+using ClaimStatusWriter =
+    std::function<absl::Status(const kube::ResourceClaim& claim, const std::vector<kube::DeviceStatus>& devices)>;
 
 // The ResourceClaim the kubelet names in a Prepare, read from the API server (kube::ResourceClaimReader::Get).
 using ClaimGetter =
@@ -117,6 +145,15 @@ struct DriverOptions {
   // How often Fabric Manager is read (its restarts followed, the attributes republished when its partitions change).
   std::chrono::milliseconds fabric_interval{5000};
   FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the driver
+  // --binding-conditions: devices that need work before use carry binding conditions, and the claim watch's worker
+  // does that work for each allocated claim of this pool before its pod is bound (see BindingConditionType). Needs
+  // watch_claims and write_claim_status; off (or with a server that drops the fields, Kubernetes < 1.36) Prepare
+  // binds as before. Has work only with bind_on_prepare or fabric.
+  bool binding_conditions = false;
+  ClaimWatcher watch_claims;
+  ClaimStatusWriter write_claim_status;
+  // Told each claim's binding outcome, on the binding worker's thread, without the driver's locks.
+  std::function<void(const BindingOutcome&)> on_binding;
   // Told how long each NodePrepareResources call took, from the kubelet's call to the answer, and whether every
   // claim in it was prepared (`run`'s metrics). Called on the gRPC thread serving the call, under the driver's
   // call lock: it must not block.
@@ -139,6 +176,10 @@ struct RegistrationStatus {
 // The combinations the driver refuses, with the reason for an operator: --bind-on-prepare moves whole GPUs, and a
 // vm-vgpu node's GPUs belong to the vGPU manager (binding one would destroy every vGPU on it).
 absl::Status ValidateModes(const DriverOptions& options);
+
+// --binding-conditions with something to do: watch_claims and write_claim_status set, a vm-passthrough node, and
+// --bind-on-prepare or --fabric-manager (a GPU that stays on vfio-pci without a partition needs no work first).
+bool BindingConditionsWanted(const DriverOptions& options);
 
 // DNS subdomain rules for a driver name (Kubernetes validates ResourceSlice.spec.driver the same way): at most
 // 63 characters, lower-case alphanumerics, '-' and '.', each label starting and ending alphanumeric.

@@ -26,6 +26,28 @@ struct AllocationResult {
   // The DeviceClass its request named (spec.devices.requests[].exactly.deviceClassName, or the firstAvailable
   // subrequest's); status.allocation does not say it. "" when the spec names none (an admin-access or unknown shape).
   std::string device_class;
+  // Copied by the scheduler from the device's ResourceSlice entry at allocation (KEP-5007): it waits in PreBind
+  // for these in the claim's status.devices[] entry of the device.
+  std::vector<std::string> binding_conditions;
+  std::vector<std::string> binding_failure_conditions;
+};
+
+// status.devices[].conditions[] (a metav1.Condition).
+struct DeviceCondition {
+  std::string type;
+  std::string status;  // "True", "False", "Unknown"
+  std::string reason;
+  std::string message;
+  std::string last_transition_time;  // RFC 3339
+  int64_t observed_generation = 0;
+};
+
+// status.devices[]: what drivers report about an allocated device.
+struct DeviceStatus {
+  std::string driver;
+  std::string pool;
+  std::string device;
+  std::vector<DeviceCondition> conditions;
 };
 
 struct ResourceClaim {
@@ -37,6 +59,9 @@ struct ResourceClaim {
   bool allocated = false;  // status.allocation is set
   std::vector<AllocationResult> results;
   std::vector<std::string> reserved_for;  // status.reservedFor[].uid: the pods (consumers) the claim is reserved for
+  std::string resource_version;
+  bool deleting = false;  // metadata.deletionTimestamp is set
+  std::vector<DeviceStatus> device_statuses;  // status.devices
 };
 
 struct ClaimReaderOptions {

@@ -23,12 +23,12 @@
 namespace vfio_agent::kube {
 
 class ApiClient;
-class StreamCanceller;
+class ListWatcher;
 
 inline constexpr size_t kMaxDevicesPerSlice = 128;  // resource.k8s.io/v1 ResourceSliceMaxDevices
 // ResourceSliceMaxDevicesWithAdvancedFeatures: kube-apiserver 1.36 refuses (422) a slice of more devices when any
 // of them has taints, consumes counters or has a list-type attribute (pkg/apis/resource/validation); binding
-// conditions and allowMultipleAllocations do not count. Of those we publish only taints.
+// conditions, bindsToNode and allowMultipleAllocations do not count. Of those we publish only taints.
 inline constexpr size_t kMaxDevicesPerSliceWithAdvancedFeatures = 64;
 
 // One value of a device attribute (resource.k8s.io/v1 DeviceAttribute holds exactly one).
@@ -58,6 +58,12 @@ struct SliceDevice {
   std::string name;  // a DNS label, unique in the pool
   std::map<std::string, DeviceAttribute> attributes;  // qualified names ("resource.kubernetes.io/pciBusID")
   std::vector<DeviceTaint> taints;
+  // KEP-5007 (DRADeviceBindingConditions, beta in 1.36): the scheduler waits in PreBind until every binding
+  // condition is True in the claim's status.devices[] entry, and gives the allocation up when a failure condition
+  // is True. Condition types (qualified names), at most 4 each, both or neither, no type in both lists.
+  std::vector<std::string> binding_conditions;
+  std::vector<std::string> binding_failure_conditions;
+  bool binds_to_node = false;
   bool operator==(const SliceDevice&) const = default;
 };
 
@@ -76,6 +82,8 @@ struct PublishResult {
   // The watch saw an event during this pass that turned out not to be ours: someone else changed the slices
   // meanwhile (the caller treats it as the watch's report it held back).
   bool others_meanwhile = false;
+  // The server drops bindingConditions (see Publish): the devices were published without them.
+  bool binding_conditions_dropped = false;
   bool changed() const { return created + updated + deleted > 0; }
 };
 
@@ -95,24 +103,11 @@ class ResourceSliceWatch {
   ResourceSliceWatch& operator=(const ResourceSliceWatch&) = delete;
 
   // Watch requests made so far (each one long-lived) and lists, for tests and the at-rest figures.
-  uint64_t watches() const { return watches_.load(); }
-  uint64_t lists() const { return lists_.load(); }
+  uint64_t watches() const;
+  uint64_t lists() const;
 
  private:
-  void Run();
-  bool WaitBackoff(std::chrono::milliseconds backoff);  // false when stopping
-
-  const std::shared_ptr<ApiClient> client_;
-  const std::string path_;  // the collection with its fieldSelector
-  const std::function<void()> changed_;
-  const Ours ours_;
-  std::unique_ptr<StreamCanceller> cancel_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> watches_{0};
-  std::atomic<uint64_t> lists_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::thread thread_;
+  std::unique_ptr<ListWatcher> watcher_;  // its thread calls `changed`
 };
 
 class ResourceSlicePublisher {
@@ -133,8 +128,10 @@ class ResourceSlicePublisher {
   // An API server with DRADeviceTaints off (1.34, 1.35) drops devices[].taints from what it stores. Publish sees
   // it in the object a write returns, remembers it, and from then on leaves every device with a NoSchedule or
   // NoExecute taint out of the slices (rewritten at once): an unhealthy GPU is then not allocatable rather than
-  // silently allocatable. Errors name the request and what the server said; a 409 is Aborted (someone else wrote
-  // meanwhile: call again). Not thread-safe; one caller.
+  // silently allocatable. Likewise bindingConditions (DRADeviceBindingConditions or DRAResourceClaimDeviceStatus
+  // off): seen once, they are published without them and every result says binding_conditions_dropped, so the
+  // caller binds in Prepare as before. Errors name the request and what the server said; a 409 is Aborted (someone
+  // else wrote meanwhile: call again). Not thread-safe; one caller.
   absl::StatusOr<PublishResult> Publish(std::vector<SliceDevice> devices);
   // The watch of this publisher's slices, sharing its connection settings (see ResourceSliceWatch).
   std::unique_ptr<ResourceSliceWatch> Watch(std::function<void()> changed);
@@ -175,6 +172,7 @@ class ResourceSlicePublisher {
   const std::shared_ptr<OwnWrites> own_ = std::make_shared<OwnWrites>();
   std::string node_uid_;
   bool taints_dropped_ = false;
+  bool binding_conditions_dropped_ = false;
   // What the last complete write asked for, and the name -> resourceVersion of every slice it left.
   std::vector<std::vector<SliceDevice>> written_chunks_;
   std::map<std::string, std::string> written_versions_;

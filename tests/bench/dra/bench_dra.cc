@@ -7,6 +7,10 @@
 //   BM_Prepare8/api:1   the same with the claim's GET from the fake API server, as in production
 //   BM_ClaimGet         that GET alone (the fake server is Python: its share is the upper end of a real one's)
 //   BM_SlicesAfterStart Driver::Start -> the node's ResourceSlice with 8 devices stored by the API server
+//   BM_BindingReady/gpus:1|8  --binding-conditions: a claim allocated in the fake API server (the scheduler's
+//                       status write, with the router's label) -> its binding condition True (the agent's status
+//                       apply answered): the watch event, the pre-bind (checkpoint twice, GPUs already on vfio-pci
+//                       so no sysfs write: the bind itself is bench_binding's) and the apply
 //   BM_AgentAnonGrowthPer10000Cycles  the agent's anonymous memory over 10,000 prepare/unprepare cycles (1, 2 and
 //                       8 GPUs), twice
 //   BM_IdleCpu/run:0|1  the CPU of an idle `serve|run --kubelet-api dra` over 20 s, registered, its health stream
@@ -35,6 +39,7 @@
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/kube/resource_claim_reader.h"
+#include "vfio_gpu_agent/kube/resource_claims.h"
 #include "vfio_gpu_agent/kube/resource_slices.h"
 
 namespace vfio_agent::dra {
@@ -280,6 +285,86 @@ void BM_SlicesAfterStart(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SlicesAfterStart)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
+
+// Manual time: from the `allocate` command sent to the fake API server to the agent's on_binding (told once its
+// status.devices apply was answered). The claim is deallocated between iterations and its pre-bind undone,
+// outside the time. process_cpu_us: this process's CPU in the timed window (the agent's threads; the Python server
+// is another process).
+void BM_BindingReady(benchmark::State& state) {
+  const size_t gpus = static_cast<size_t>(state.range(0));
+  Node node;
+  std::unique_ptr<Api> api = Api::StartOrSkip(node, state);
+  if (!api) return;
+  auto claims = kube::ConnectResourceClaimClient(api->kubeconfig, "", {.node_name = kNodeName, .driver = kDriver});
+  if (!claims.ok()) {
+    state.SkipWithError("claim client");
+    return;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int outcomes = 0;
+  DriverOptions options = node.Options();
+  options.bind_on_prepare = true;
+  options.binding_conditions = true;
+  options.get_claim = [&](const std::string& ns, const std::string& name) { return api->reader->Get(ns, name, 20s); };
+  options.publish_slices = [&](std::vector<kube::SliceDevice> devices) { return api->publisher->Publish(std::move(devices)); };
+  options.watch_claims = [&](kube::ResourceClaimWatch::Handlers handlers) { return (*claims)->Watch(std::move(handlers)); };
+  options.write_claim_status = [&](const kube::ResourceClaim& claim, const std::vector<kube::DeviceStatus>& devices) {
+    return (*claims)->ApplyDeviceStatus(claim, devices);
+  };
+  options.on_binding = [&](const BindingOutcome&) {
+    std::lock_guard lock(mu);
+    ++outcomes;
+    cv.notify_all();
+  };
+  Driver driver(options);
+  if (!driver.Start().ok()) {
+    state.SkipWithError("driver start");
+    return;
+  }
+  // The scheduler allocates from slices that carry the conditions.
+  const auto published = Clock::now() + 30s;
+  while (Clock::now() < published && driver.SliceWrites() == 0) std::this_thread::sleep_for(10ms);
+  int n = 0;
+  double process_cpu_us = 0;
+  for (auto _ : state) {
+    const std::string name = absl::StrCat("vm-", n), uid = absl::StrCat("uid-", n);
+    ++n;
+    const kube::ResourceClaim claim = AllocatedClaim(name, uid, 0, gpus);
+    Json unallocated = ClaimJson(claim);
+    unallocated.erase("status");
+    Json results = ClaimJson(claim)["status"]["allocation"]["devices"]["results"];
+    if (!api->server->Control("claim " + unallocated.dump()).ok()) {
+      state.SkipWithError("storing the claim");
+      break;
+    }
+    const int before = outcomes;
+    const Clock::time_point start = Clock::now();
+    const double cpu_before = ProcessCpuUs();
+    if (!api->server->Control(absl::StrCat("allocate vms ", name, " ", kNodeName, " [] ", results.dump())).ok()) {
+      state.SkipWithError("allocate");
+      break;
+    }
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, 30s, [&] { return outcomes > before; })) {
+      state.SkipWithError("no condition within 30 s");
+      break;
+    }
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    process_cpu_us += ProcessCpuUs() - cpu_before;
+    lock.unlock();
+    // Undone before the next claim takes the same GPUs.
+    if (!api->server->Control(absl::StrCat("delete-claim vms ", name)).ok()) {
+      state.SkipWithError("delete");
+      break;
+    }
+    const std::filesystem::path record = node.dir() / "plugins" / kDriver / "claims" / (uid + ".json");
+    const auto undone = Clock::now() + 30s;
+    while (Clock::now() < undone && std::filesystem::exists(record)) std::this_thread::sleep_for(1ms);
+  }
+  state.counters["process_cpu_us"] = benchmark::Counter(process_cpu_us, benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_BindingReady)->ArgName("gpus")->Arg(1)->Arg(8)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
 
 // The agent binary as deployed (production defaults), `serve` or `run` with --kubelet-api dra against the fake API
 // server, on the node; stopped with SIGTERM by its destructor.

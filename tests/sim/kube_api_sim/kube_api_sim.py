@@ -6,7 +6,9 @@ metadata.name field selector and its watch (?watch=1: chunked JSON lines, ADDED/
 changes, changes between two looks folded into one event as a watch cache may; timeoutSeconds ends it; a
 resourceVersion older than the last `compact` is an ERROR event with a 410 Status, as kube-apiserver answers after
 etcd compaction), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
-of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
+of one resource.k8s.io/v1 ResourceClaim by namespace and name, the cluster-wide list and watch of ResourceClaims with a
+labelSelector (an object that stops matching is DELETED to the watch, as the watch cache sends it), the claims'
+status subresource (GET; PATCH by server-side apply or merge patch, validated as 1.36 validates status.devices), GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, watch with the same selectors (chunked JSON lines, 410 Gone for a
 compacted resourceVersion, bookmarks), create, update, delete, validated as kube-apiserver validates them: the device
@@ -40,7 +42,16 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
   claim JSON_OBJECT               store a resource.k8s.io/v1 ResourceClaim (metadata.namespace and .name required; uid,
                                   resourceVersion and creationTimestamp filled in when absent), served at
                                   /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>
-  delete-claim NAMESPACE NAME     it is gone: 404 naming it
+  delete-claim NAMESPACE NAME     it is gone: 404 naming it (a DELETED event for its watches)
+  get-claim NAMESPACE NAME        OK <claim json>
+  allocate NS NAME NODE RESERVED_JSON RESULTS_JSON
+                                  the scheduler allocates (RESULTS_JSON: [{request, driver, pool, device}], each given
+                                  the bindingConditions/bindingFailureConditions of its slice device while the gates
+                                  are on; allocationTimestamp, a nodeSelector for NODE, reservedFor RESERVED_JSON, e.g.
+                                  [{"resource":"pods","name":"vm","uid":"p1"}], no spaces) and the claim router labels
+                                  it gpu.vfio-agent.cozystack.io/node=<ClaimNodeLabelValue(NODE)>
+  deallocate NAMESPACE NAME       the scheduler gives the allocation up: status emptied (the label stays)
+  unlabel NAMESPACE NAME          the router takes its label off (a labelSelector watch sees DELETED)
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
@@ -58,6 +69,7 @@ METHOD may be * and PREFIX matches the start of the path. Stdin closing stops th
 import argparse
 import copy
 import datetime
+import hashlib
 import http.server
 import json
 import re
@@ -79,6 +91,8 @@ SLICE_MAX_DEVICES = 128  # resource.k8s.io ResourceSliceMaxDevices
 # haveListAttributes). Binding conditions and allowMultipleAllocations do not lower it.
 SLICE_MAX_DEVICES_ADVANCED = 64
 LIST_ATTRIBUTE_KINDS = ("ints", "bools", "strings", "versions")
+BINDING_CONDITIONS_MAX = 4  # BindingConditionsMaxSize, BindingFailureConditionsMaxSize
+DEVICE_STATUS_MAX_CONDITIONS = 8  # AllocatedDeviceStatusMaxConditions
 # kube-apiserver v1.36's defaults for the gates whose fields the ResourceSlice strategy drops when they are off
 # (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields). 1.34/1.35: the first four were alpha (off).
 FEATURE_GATES_1_36 = {"DRADeviceTaints": True, "DRAPartitionableDevices": True, "DRADeviceBindingConditions": True,
@@ -91,6 +105,9 @@ QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 NOTE_LIMIT = 1024
+CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+APPLY_PATCH = "application/apply-patch+yaml"
+CLAIM_NODE_LABEL = "gpu.vfio-agent.cozystack.io/node"  # claim_routing.h kClaimNodeLabel
 # Who every accepted token belongs to, for RBAC messages: the DaemonSet's ServiceAccount.
 SERVICE_ACCOUNT_USER = "system:serviceaccount:vfio-gpu-agent:vfio-gpu-agent"
 
@@ -167,6 +184,11 @@ class State:
         self.changed = threading.Condition(self.lock)
         self.bookmark_interval = 60.0
         self.claims = {}  # (namespace, name) -> ResourceClaim
+        # Watches of resourceclaims: (resourceVersion, type, object, previous object or None), as slice_events.
+        self.claim_events = []
+        # status.devices entries each field manager applied (server-side apply), by claim: (ns, name) -> {manager:
+        # set of (driver, pool, device, shareID)}.
+        self.claim_managers = {}
         self.faults = []
         self.released = threading.Event()
         self.rv = 100
@@ -186,6 +208,32 @@ class State:
             self.slice_events = self.slice_events[len(dropped):]
             self.oldest_rv = dropped[-1][0]
         self.changed.notify_all()
+
+    def claim_event(self, kind, obj, old):
+        """Records a change of a ResourceClaim for the watches (held: self.lock)."""
+        self.claim_events.append((int(obj["metadata"]["resourceVersion"]), kind, copy.deepcopy(obj),
+                                  copy.deepcopy(old) if old is not None else None))
+        if len(self.claim_events) > WATCH_HISTORY:
+            self.claim_events = self.claim_events[len(self.claim_events) - WATCH_HISTORY:]
+            self.oldest_rv = max(self.oldest_rv, self.claim_events[0][0] - 1)
+        self.changed.notify_all()
+
+    def store_claim(self, claim):
+        """Stores a new or changed claim with the next resourceVersion and its watch event."""
+        key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
+        old = self.claims.get(key)
+        claim["metadata"]["resourceVersion"] = self.next_rv()
+        self.claims[key] = claim
+        self.claim_event("MODIFIED" if old is not None else "ADDED", claim, old)
+
+    def delete_claim(self, namespace, name):
+        obj = self.claims.pop((namespace, name), None)
+        if obj is None:
+            return
+        self.claim_managers.pop((namespace, name), None)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = self.next_rv()
+        self.claim_event("DELETED", gone, obj)
 
     def delete_slice(self, name):
         """Deletes a stored slice; its DELETED event carries the deletion's resourceVersion, as etcd's does."""
@@ -348,6 +396,49 @@ def drop_disabled_fields(state, new, old):
                         value.pop(kind, None)
 
 
+def qualified_name_error(name):
+    """apimachinery IsQualifiedName (metav1validation.ValidateLabelName): [prefix/]name, the prefix a DNS subdomain
+    of at most 253, the name at most 63 alphanumerics, '-', '_', '.', starting and ending alphanumeric."""
+    if not isinstance(name, str):
+        return "must be a string"
+    prefix, _, base = name.rpartition("/")
+    if "/" in prefix:
+        return "a qualified name must consist of alphanumeric characters, '-', '_' or '.', ... with an optional DNS subdomain prefix and '/'"
+    if name.count("/") == 1 and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+        return "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+    if not base or len(base) > 63 or not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", base):
+        return ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                "alphanumeric character (at most 63)")
+    return None
+
+
+def check_binding_parameters(conditions, failures, where):
+    """validateDeviceBindingParameters (1.36): at most 4 of each, qualified names, no duplicates, no type in both
+    lists, both lists or neither. Shared by slices' devices and claims' allocation results."""
+    conditions, failures = conditions or [], failures or []
+    for field, values in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(values) > BINDING_CONDITIONS_MAX:
+            raise invalid_slice(f"{where}.{field}: Too many: {len(values)}: must have at most {BINDING_CONDITIONS_MAX} items")
+        seen = set()
+        for j, value in enumerate(values):
+            error = qualified_name_error(value)
+            if error:
+                raise invalid_slice(f"{where}.{field}[{j}]: Invalid value: {value!r}: {error}")
+            if value in seen:
+                raise invalid_slice(f"{where}.{field}[{j}]: Duplicate value: {value!r}")
+            seen.add(value)
+    for j, value in enumerate(failures):
+        if value in conditions:
+            raise invalid_slice(f"{where}.bindingFailureConditions[{j}]: Invalid value: {value!r}: "
+                                "bindingFailureConditions must not overlap with bindingConditions")
+    if failures and not conditions:
+        raise invalid_slice(f"{where}.bindingConditions: Invalid value: null: bindingConditions are required to use "
+                            "bindingFailureConditions")
+    if conditions and not failures:
+        raise invalid_slice(f"{where}.bindingFailureConditions: Invalid value: null: bindingFailureConditions are "
+                            "required to use bindingConditions")
+
+
 def check_slice(obj):
     """The checks of kube-apiserver's ResourceSlice validation that a node-local driver can run into."""
     if not isinstance(obj, dict) or obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
@@ -406,6 +497,98 @@ def check_slice(obj):
                 raise invalid_slice(f"{where}.taints[{j}].effect: Unsupported value: {taint.get('effect')!r}")
             if not isinstance(taint.get("key"), str) or not QUALIFIED_NAME.match(taint["key"]):
                 raise invalid_slice(f"{where}.taints[{j}].key: Invalid value: not a qualified name")
+        check_binding_parameters(device.get("bindingConditions"), device.get("bindingFailureConditions"), where)
+
+
+def label_selector(path):
+    """The labelSelector of a request as a predicate on labels: `k=v`, `k==v`, `k!=v`, `k` and `!k` terms joined by
+    commas (set-based `in`/`notin` are not needed by the agent and refused with 400, as a typo would be)."""
+    query = urllib.parse.parse_qs(path.split("?", 1)[1] if "?" in path else "")
+    text = query.get("labelSelector", [""])[0]
+    terms = []
+    for term in [t.strip() for t in text.split(",") if t.strip()]:
+        if " in " in term or " notin " in term or "(" in term:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term}: set-based terms not served here")
+        if "!=" in term:
+            key, _, value = term.partition("!=")
+            terms.append(lambda labels, k=key, v=value: labels.get(k) != v)
+        elif "=" in term:
+            key, _, value = term.replace("==", "=").partition("=")
+            if not LABEL_VALUE.fullmatch(value):
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: invalid label value: \"{value}\"")
+            terms.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif term.startswith("!"):
+            terms.append(lambda labels, k=term[1:]: k not in labels)
+        else:
+            terms.append(lambda labels, k=term: k in labels)
+    return lambda obj: all(term((obj.get("metadata") or {}).get("labels") or {}) for term in terms)
+
+
+def claim_node_label_value(node):
+    """include/vfio_gpu_agent/kube/claim_routing.h ClaimNodeLabelValue, as the claim router labels a claim."""
+    if node and len(node) <= 63 and LABEL_VALUE.fullmatch(node):
+        return node
+    return "h-" + hashlib.sha256(node.encode()).hexdigest()[:40]
+
+
+def device_key(entry):
+    return (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+
+
+def check_claim_status(claim):
+    """ValidateResourceClaimStatusUpdate's checks of status.devices (1.36): each entry names an allocated result
+    (driver, pool, device, shareID), once; at most 8 conditions, each valid as metav1 conditions are."""
+    name = claim["metadata"]["name"]
+    status = claim.get("status") or {}
+    allocated = {device_key(r) for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []}
+    seen = set()
+    for i, entry in enumerate(status.get("devices") or []):
+        where = f"status.devices[{i}]"
+        key = device_key(entry)
+        for field in ("driver", "pool", "device"):
+            if not isinstance(entry.get(field), str) or not entry[field]:
+                raise invalid_claim(name, f"{where}.{field}: Required value")
+        if key in seen:
+            raise invalid_claim(name, f"{where}: Duplicate value: {'/'.join(key[:3])}")
+        seen.add(key)
+        if key not in allocated:
+            raise invalid_claim(name, f"{where}: Invalid value: \"{'/'.join(key[:3])}\": must be an allocated device "
+                                      "in the claim")
+        conditions = entry.get("conditions") or []
+        if len(conditions) > DEVICE_STATUS_MAX_CONDITIONS:
+            raise invalid_claim(name, f"{where}.conditions: Too many: {len(conditions)}: must have at most "
+                                      f"{DEVICE_STATUS_MAX_CONDITIONS} items")
+        types = set()
+        for j, condition in enumerate(conditions):
+            at = f"{where}.conditions[{j}]"
+            error = qualified_name_error(condition.get("type"))
+            if error:
+                raise invalid_claim(name, f"{at}.type: Invalid value: {condition.get('type')!r}: {error}")
+            if condition["type"] in types:
+                raise invalid_claim(name, f"{at}.type: Duplicate value: {condition['type']!r}")
+            types.add(condition["type"])
+            if condition.get("status") not in ("True", "False", "Unknown"):
+                raise invalid_claim(name, f"{at}.status: Unsupported value: {condition.get('status')!r}")
+            if not isinstance(condition.get("lastTransitionTime"), str) or \
+                    not TIME.match(condition["lastTransitionTime"]):
+                raise invalid_claim(name, f"{at}.lastTransitionTime: Required value: must be set")
+            reason = condition.get("reason")
+            if not isinstance(reason, str) or not CONDITION_REASON.match(reason) or len(reason) > 1024:
+                raise invalid_claim(name, f"{at}.reason: Invalid value: {reason!r}: a condition reason must start "
+                                          "with alphabetic character, optionally followed by a string of alphanumeric "
+                                          "characters or '_,:', and must end with an alphanumeric character or '_'")
+            if len(condition.get("message") or "") > 32768:
+                raise invalid_claim(name, f"{at}.message: Too long: may not be more than 32768 bytes")
+            if not isinstance(condition.get("observedGeneration", 0), int) or condition.get("observedGeneration", 0) < 0:
+                raise invalid_claim(name, f"{at}.observedGeneration: Invalid value: must be greater than or equal to 0")
+
+
+def invalid_claim(name, message):
+    field, _, what = message.partition(": ")
+    reason = next((r for prefix, r in CAUSE_REASONS if what.startswith(prefix)), "FieldValueInvalid")
+    return ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: {message}',
+                    details={"name": name, "group": "resource.k8s.io", "kind": "ResourceClaim",
+                             "causes": [{"reason": reason, "message": what, "field": field}]})
 
 
 def field_selector(path):
@@ -430,10 +613,29 @@ class NodeWatch:
         self.timeout = int(query.get("timeoutSeconds", ["1800"])[0])
 
 
+def seen_through(selected, rv, kind, obj, old=None):
+    """An event as a watch with this selector delivers it (the watch cache's rule): an object that starts matching is
+    ADDED, one that stops matching is DELETED (its previous state at the new resourceVersion), one that never
+    matched is not sent."""
+    now = selected(obj)
+    before = old is not None and selected(old)
+    if kind == "DELETED":
+        return (rv, kind, obj) if now or before else None
+    if now and not before and old is not None:
+        return (rv, "ADDED", obj)
+    if before and not now:
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = str(rv)
+        return (rv, "DELETED", gone)
+    return (rv, kind, obj) if now else None
+
+
 class WatchStream:
-    """What a watch request asked for: its selector, resourceVersion, timeoutSeconds and allowWatchBookmarks."""
-    def __init__(self, selected, query):
+    """What a watch request asked for: its selector, resourceVersion, timeoutSeconds and allowWatchBookmarks, of
+    which collection (`resource`: "slices" or "claims", the State's dict and its event list)."""
+    def __init__(self, selected, query, resource="slices", kind="ResourceSlice"):
         self.selected = selected
+        self.resource, self.kind = resource, kind
         self.resource_version = query.get("resourceVersion", [""])[0]
         # kube-apiserver's default is a random 30 to 60 minutes (--min-request-timeout 1800).
         self.timeout = float(query.get("timeoutSeconds", ["1800"])[0])
@@ -624,11 +826,22 @@ def make_handler(state):
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
                     and parts[5] == "resourceclaims" and method == "GET":
                 self.authorize("get", "resourceclaims", "resource.k8s.io", parts[6])
-                claim = state.claims.get((parts[4], parts[6]))
-                if claim is None:
-                    raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{parts[6]}" not found',
-                                   details={"name": parts[6], "group": "resource.k8s.io", "kind": "resourceclaims"})
-                return 200, claim
+                return 200, self.stored_claim(parts[4], parts[6])
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 8 \
+                    and parts[5] == "resourceclaims" and parts[7] == "status":
+                return self.claim_status(method, parts[4], parts[6], content_type, body)
+            if parts == ["apis", "resource.k8s.io", "v1", "resourceclaims"] and method == "GET":
+                query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+                watching = query.get("watch", [""])[0] in ("true", "1")
+                self.authorize("watch" if watching else "list", "resourceclaims", "resource.k8s.io")
+                if field_selector(self.path):
+                    raise ApiError(400, "BadRequest", "field label not supported: resourceclaims have no node field")
+                selected = label_selector(self.path)
+                if watching:
+                    return 200, WatchStream(selected, query, "claims", "ResourceClaim")
+                items = [obj for _, obj in sorted(state.claims.items()) if selected(obj)]
+                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                             "metadata": {"resourceVersion": str(state.rv)}, "items": items}
             if parts[:3] == ["apis", "admissionregistration.k8s.io", "v1"] and len(parts) == 5 \
                     and parts[3] in state.admission and method == "GET":
                 self.authorize("get", parts[3], "admissionregistration.k8s.io", parts[4])
@@ -646,6 +859,71 @@ def make_handler(state):
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "resourceslices"] and len(parts) in (4, 5):
                 return self.resource_slice(method, parts[4] if len(parts) == 5 else None, content_type, body)
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+        @staticmethod
+        def stored_claim(namespace, name):
+            claim = state.claims.get((namespace, name))
+            if claim is None:
+                raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found',
+                               details={"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"})
+            return claim
+
+        def claim_status(self, method, namespace, name, content_type, body):
+            """The status subresource: GET, and PATCH by server-side apply (application/apply-patch+yaml, JSON
+            being YAML; fieldManager required; a manager's status.devices entries are the ones it applied last,
+            keyed by driver/pool/device/shareID as the listType=map says) or by merge patch (the whole list
+            replaced). Only status changes; the result is validated as ValidateResourceClaimStatusUpdate does."""
+            verb = {"GET": "get", "PATCH": "patch"}.get(method)
+            if verb is None:
+                raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            self.authorize(verb, "resourceclaims/status", "resource.k8s.io", name)
+            claim = self.stored_claim(namespace, name)
+            if verb == "get":
+                return 200, claim
+            query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+            if content_type not in PATCH_TYPES + (APPLY_PATCH,):
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: "
+                                                            f"{content_type}")
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "patch must be a JSON object")
+            meta = body.get("metadata") or {}
+            if meta.get("uid") and meta["uid"] != claim["metadata"]["uid"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io '
+                                                f'"{name}": Precondition failed: UID in precondition: {meta["uid"]}, '
+                                                f'UID in object meta: {claim["metadata"]["uid"]}')
+            updated = copy.deepcopy(claim)
+            status = updated.setdefault("status", {})
+            if content_type == APPLY_PATCH:
+                manager = query.get("fieldManager", [""])[0]
+                if not manager:
+                    raise ApiError(400, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: "
+                                                      "Required value: is required for apply patch")
+                if body.get("apiVersion") != "resource.k8s.io/v1" or body.get("kind") != "ResourceClaim" or \
+                        meta.get("name") != name:
+                    raise ApiError(400, "BadRequest", "apply: apiVersion, kind and metadata.name must name the claim")
+                owned = state.claim_managers.setdefault((namespace, name), {})
+                applied = list((body.get("status") or {}).get("devices") or [])
+                mine = {device_key(entry) for entry in applied}
+                entries = [e for e in status.get("devices") or []
+                           if device_key(e) not in owned.get(manager, set()) or device_key(e) in mine]
+                for entry in applied:
+                    for index, existing in enumerate(entries):
+                        if device_key(existing) == device_key(entry):
+                            entries[index] = copy.deepcopy(entry)
+                            break
+                    else:
+                        entries.append(copy.deepcopy(entry))
+                if entries:
+                    status["devices"] = entries
+                else:
+                    status.pop("devices", None)
+                owned[manager] = mine
+            else:
+                updated = merge_patch(updated, {"status": body.get("status") or {}})
+            check_claim_status(updated)
+            if updated != claim:
+                state.store_claim(updated)
+            return 200, state.claims[(namespace, name)]
 
         def resource_slice(self, method, name, content_type, body):
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
@@ -760,8 +1038,10 @@ def make_handler(state):
                 with state.lock:
                     generation = state.watch_generation
                     rv_text = watch.resource_version
+                    stored = state.slices if watch.resource == "slices" else state.claims
+                    history = state.slice_events if watch.resource == "slices" else state.claim_events
                     if rv_text in ("", "0"):
-                        pending = [{"type": "ADDED", "object": obj} for _, obj in sorted(state.slices.items())
+                        pending = [{"type": "ADDED", "object": obj} for _, obj in sorted(stored.items())
                                    if watch.selected(obj)]
                         last = state.rv
                     elif not rv_text.isdigit():
@@ -782,8 +1062,8 @@ def make_handler(state):
                 while last is not None:
                     with state.lock:
                         while True:
-                            events = [(rv, kind, obj) for rv, kind, obj in state.slice_events
-                                      if rv > last and watch.selected(obj)]
+                            events = [event for event in (seen_through(watch.selected, *e) for e in history
+                                                          if e[0] > last) if event is not None]
                             now = time.monotonic()
                             if events or state.watch_generation != generation or now >= deadline or \
                                     (watch.bookmarks and now >= next_bookmark):
@@ -793,7 +1073,7 @@ def make_handler(state):
                             break
                         if not events:
                             last = max(last, state.rv)
-                            bookmark = {"type": "BOOKMARK", "object": {"kind": "ResourceSlice",
+                            bookmark = {"type": "BOOKMARK", "object": {"kind": watch.kind,
                                         "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": str(last)}}}
                     if events:
                         for rv, kind, obj in events:
@@ -974,12 +1254,51 @@ def control(state, line):
             meta = claim.setdefault("metadata", {})
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now_rfc3339())
-            meta["resourceVersion"] = state.next_rv()
+            meta.setdefault("generation", 1)
             claim.setdefault("apiVersion", "resource.k8s.io/v1")
             claim.setdefault("kind", "ResourceClaim")
-            state.claims[(meta["namespace"], meta["name"])] = claim
+            state.store_claim(claim)
         elif command == "delete-claim" and len(args) == 2:
-            state.claims.pop((args[0], args[1]), None)
+            state.delete_claim(args[0], args[1])
+        elif command == "get-claim" and len(args) == 2 and (args[0], args[1]) in state.claims:
+            return "OK " + json.dumps(state.claims[(args[0], args[1])])
+        elif command == "allocate" and len(args) >= 4 and (args[0], args[1]) in state.claims:
+            # What the scheduler writes in one status update (Reserve, then PreBind): the allocation, each result
+            # with the bindingConditions and bindingFailureConditions of its device in the stored slices (when the
+            # gates are on), the allocationTimestamp and the reservation; then the router's label (claim_routing.h).
+            results = json.loads(line.split(None, 5)[5]) if len(args) > 4 else []
+            reserved = json.loads(args[3])
+            claim = copy.deepcopy(state.claims[(args[0], args[1])])
+            gates_on = state.feature_gates["DRADeviceBindingConditions"] and \
+                state.feature_gates["DRAResourceClaimDeviceStatus"]
+            for result in results:
+                for obj in state.slices.values():
+                    if obj["spec"]["driver"] != result["driver"] or obj["spec"]["pool"]["name"] != result["pool"]:
+                        continue
+                    for device in obj["spec"].get("devices") or []:
+                        if device["name"] == result["device"] and gates_on:
+                            for field in ("bindingConditions", "bindingFailureConditions"):
+                                if device.get(field):
+                                    result[field] = list(device[field])
+            claim.setdefault("status", {})["allocation"] = {
+                "devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [args[2]]}]}]},
+                "allocationTimestamp": now_rfc3339()}
+            claim["status"]["reservedFor"] = reserved
+            claim["metadata"].setdefault("labels", {})[CLAIM_NODE_LABEL] = claim_node_label_value(args[2])
+            state.store_claim(claim)
+        elif command == "deallocate" and len(args) == 2 and (args[0], args[1]) in state.claims:
+            # The scheduler giving the allocation up (a failure condition, the binding timeout, the pod deleted):
+            # allocation, reservedFor and devices go in one status update; the router's label stays until it runs.
+            claim = copy.deepcopy(state.claims[(args[0], args[1])])
+            claim["status"] = {}
+            state.claim_managers.pop((args[0], args[1]), None)
+            state.store_claim(claim)
+        elif command == "unlabel" and len(args) == 2 and (args[0], args[1]) in state.claims:
+            claim = copy.deepcopy(state.claims[(args[0], args[1])])
+            (claim["metadata"].get("labels") or {}).pop(CLAIM_NODE_LABEL, None)
+            state.store_claim(claim)
         elif command == "admission-api" and args in (["on"], ["off"]):
             state.admission_served = args[0] == "on"
         elif command == "slices":
@@ -999,6 +1318,7 @@ def control(state, line):
             # watched from; any earlier one is 410 Gone.
             state.oldest_rv = int(state.next_rv())
             state.slice_events.clear()
+            state.claim_events.clear()
             state.compacted_rv = state.rv
             state.watch_epoch += 1
         elif command == "close-watches":
