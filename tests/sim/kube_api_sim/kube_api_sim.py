@@ -7,7 +7,10 @@ changes, changes between two looks folded into one event as a watch cache may; t
 resourceVersion older than the last `compact` is an ERROR event with a 410 Status, as kube-apiserver answers after
 etcd compaction), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, GET of one admissionregistration.k8s.io/v1
-ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
+ValidatingAdmissionPolicy(Binding) by name, ResourceClaims for the claim router (list and watch cluster-wide or
+per namespace, with labelSelector: an object that stops matching a selected watch is DELETED, as the watch cache
+says it; PATCH of metadata.labels, merge patch; every change is a watch event), coordination.k8s.io/v1 Leases (get,
+create, update with 409 on a stale resourceVersion, delete; spec validated), the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, watch with the same selectors (chunked JSON lines, 410 Gone for a
 compacted resourceVersion, bookmarks), create, update, delete, validated as kube-apiserver validates them: the device
 cap of 128, 64 with taints, consumesCounters or list attributes; the fields of disabled feature gates dropped) on
@@ -41,6 +44,10 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
                                   resourceVersion and creationTimestamp filled in when absent), served at
                                   /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>
   delete-claim NAMESPACE NAME     it is gone: 404 naming it
+  claim-status NAMESPACE NAME JSON  the scheduler writes the claim's status (status.allocation) through the status
+                                  subresource: the status is replaced, labels and spec kept
+  get-claim NAMESPACE NAME        OK <claim json>
+  get-lease NAMESPACE NAME        OK <lease json>
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
@@ -173,6 +180,11 @@ class State:
         self.log = open(log_path, "a", buffering=1) if log_path else None
         self.compacted_rv = 0  # watches of nodes: from an older resourceVersion, 410
         self.watch_epoch = 0  # `compact` ends the node watches of earlier epochs
+        # The claim router's objects: every change of a ResourceClaim as (resourceVersion, type, object, previous
+        # object), the last WATCH_HISTORY kept, for the claim watches; and coordination.k8s.io/v1 Leases.
+        self.claim_events = []
+        self.claim_oldest_rv = 0
+        self.leases = {}  # (namespace, name) -> Lease
 
     def next_rv(self):
         self.rv += 1
@@ -186,6 +198,27 @@ class State:
             self.slice_events = self.slice_events[len(dropped):]
             self.oldest_rv = dropped[-1][0]
         self.changed.notify_all()
+
+    def claim_event(self, kind, obj, prev):
+        """Records a change of a ResourceClaim for the claim watches (held: self.lock); `prev` is the object before
+        it (None for ADDED), which a label-selected watch needs to tell an object that stops matching."""
+        self.claim_events.append((int(obj["metadata"]["resourceVersion"]), kind, copy.deepcopy(obj),
+                                  copy.deepcopy(prev)))
+        if len(self.claim_events) > WATCH_HISTORY:
+            dropped = self.claim_events[:len(self.claim_events) - WATCH_HISTORY]
+            self.claim_events = self.claim_events[len(dropped):]
+            self.claim_oldest_rv = dropped[-1][0]
+        self.changed.notify_all()
+
+    def store_claim(self, claim):
+        """Stores a ResourceClaim as written by someone else (a user's create, the scheduler's allocation): ADDED or
+        MODIFIED for the watches, with a new resourceVersion."""
+        meta = claim["metadata"]
+        key = (meta["namespace"], meta["name"])
+        prev = self.claims.get(key)
+        meta["resourceVersion"] = self.next_rv()
+        self.claims[key] = claim
+        self.claim_event("MODIFIED" if prev is not None else "ADDED", claim, prev)
 
     def delete_slice(self, name):
         """Deletes a stored slice; its DELETED event carries the deletion's resourceVersion, as etcd's does."""
@@ -408,6 +441,93 @@ def check_slice(obj):
                 raise invalid_slice(f"{where}.taints[{j}].key: Invalid value: not a qualified name")
 
 
+def validate_lease(lease, name):
+    """pkg/apis/coordination/validation ValidateLeaseSpec: a positive leaseDurationSeconds, a non-negative
+    leaseTransitions; the times are metav1.MicroTime (RFC 3339 with microseconds) or the decode fails (400)."""
+    spec = lease.get("spec") or {}
+    for field in ("acquireTime", "renewTime"):
+        if field in spec and spec[field] is not None and \
+                (not isinstance(spec[field], str) or not MICRO_TIME.match(spec[field])):
+            raise ApiError(400, "BadRequest", f"Lease in version \"v1\" cannot be handled as a Lease: spec.{field}: "
+                                              f"parsing time {spec[field]!r}: not RFC 3339 with microseconds")
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: spec.leaseDurationSeconds: '
+                                       f"Invalid value: {duration}: must be greater than 0")
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: spec.leaseTransitions: '
+                                       f"Invalid value: {transitions}: must be greater than or equal to 0")
+
+
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def parse_label_selector(text):
+    """A labelSelector's equality and existence terms (k=v, k==v, k!=v, k, !k, comma = and), as labels.Parse takes
+    them; a predicate over a labels dict. An invalid key or value is a 400, as kube-apiserver answers."""
+    terms = []
+    for term in [t.strip() for t in text.split(",") if t.strip()]:
+        if "!=" in term:
+            key, value, op = *term.split("!=", 1), "!="
+        elif "==" in term:
+            key, value, op = *term.split("==", 1), "="
+        elif "=" in term:
+            key, value, op = *term.split("=", 1), "="
+        elif term.startswith("!"):
+            key, value, op = term[1:], None, "!"
+        else:
+            key, value, op = term, None, "exists"
+        key = key.strip()
+        value = value.strip() if value is not None else None
+        if not LABEL_KEY.match(key) or (value is not None and not LABEL_VALUE.fullmatch(value)):
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: invalid label selector term {term!r}")
+        terms.append((key, op, value))
+
+    def matches(labels):
+        for key, op, value in terms:
+            if op == "=" and labels.get(key) != value or op == "!=" and labels.get(key) == value or \
+                    op == "!" and key in labels or op == "exists" and key not in labels:
+                return False
+        return True
+    return matches
+
+
+class ClaimSource:
+    """The ResourceClaim history for one watch, filtered as kube-apiserver's watch cache filters for a selector
+    (cacher's convertToWatchEvent): an update that makes the object match is ADDED, one that makes it stop
+    matching is DELETED carrying the previous object with the event's resourceVersion."""
+    kind = "ResourceClaim"
+
+    def __init__(self, state, selected):
+        self.state, self.selected = state, selected
+
+    def oldest_rv(self):
+        return self.state.claim_oldest_rv
+
+    def initial(self):
+        return [{"type": "ADDED", "object": obj} for _, obj in sorted(self.state.claims.items()) if self.selected(obj)]
+
+    def events_after(self, last):
+        out = []
+        for rv, kind, obj, prev in self.state.claim_events:
+            if rv <= last:
+                continue
+            now, before = self.selected(obj), prev is not None and self.selected(prev)
+            if kind == "DELETED":
+                if now:
+                    out.append((rv, "DELETED", obj))
+            elif now and before:
+                out.append((rv, "MODIFIED", obj))
+            elif now:
+                out.append((rv, "ADDED", obj))
+            elif before:
+                gone = copy.deepcopy(prev)
+                gone["metadata"]["resourceVersion"] = str(rv)
+                out.append((rv, "DELETED", gone))
+        return out
+
+
 def field_selector(path):
     """{field: value} of a list request's fieldSelector (only `=`/`==` terms, as the agent sends)."""
     query = path.split("?", 1)[1] if "?" in path else ""
@@ -432,8 +552,11 @@ class NodeWatch:
 
 class WatchStream:
     """What a watch request asked for: its selector, resourceVersion, timeoutSeconds and allowWatchBookmarks."""
-    def __init__(self, selected, query):
+    def __init__(self, selected, query, source=None):
         self.selected = selected
+        # None: the ResourceSlice history; else an object with initial(), events_after(last) and oldest_rv()
+        # (ClaimSource), each called with state.lock held.
+        self.source = source
         self.resource_version = query.get("resourceVersion", [""])[0]
         # kube-apiserver's default is a random 30 to 60 minutes (--min-request-timeout 1800).
         self.timeout = float(query.get("timeoutSeconds", ["1800"])[0])
@@ -621,6 +744,9 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", "the server could not find the requested resource")
                 return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
                              "items": state.kubevirts}
+            routed = self.claim_router_objects(method, parts, content_type, body)
+            if routed is not None:
+                return routed
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
                     and parts[5] == "resourceclaims" and method == "GET":
                 self.authorize("get", "resourceclaims", "resource.k8s.io", parts[6])
@@ -646,6 +772,137 @@ def make_handler(state):
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "resourceslices"] and len(parts) in (4, 5):
                 return self.resource_slice(method, parts[4] if len(parts) == 5 else None, content_type, body)
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+        # --- The claim router's objects: claims listed, watched and labeled cluster-wide, and Leases. ---
+
+        def claim_router_objects(self, method, parts, content_type, body):
+            """Serves what the claim router and the label-selected claim watches use; None for other paths."""
+            query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+            if parts == ["apis", "resource.k8s.io", "v1", "resourceclaims"] and method == "GET":
+                return self.claim_collection(None, query)
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 6 \
+                    and parts[5] == "resourceclaims" and method == "GET":
+                return self.claim_collection(parts[4], query)
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
+                    and parts[5] == "resourceclaims" and method == "PATCH":
+                return self.claim_labels(parts[4], parts[6], content_type, body)
+            if parts[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] and len(parts) in (6, 7) \
+                    and parts[5] == "leases":
+                return self.lease(method, parts[4], parts[6] if len(parts) == 7 else None, content_type, body)
+            return None
+
+        def claim_collection(self, namespace, query):
+            watching = query.get("watch", [""])[0] in ("true", "1")
+            self.authorize("watch" if watching else "list", "resourceclaims", "resource.k8s.io")
+            if field_selector(self.path):
+                raise ApiError(400, "BadRequest", "field label not supported: ResourceClaims have no field selectors "
+                                                  "but metadata.name and metadata.namespace")
+            matches = parse_label_selector(query.get("labelSelector", [""])[0])
+
+            def selected(obj):
+                return obj is not None and (namespace is None or obj["metadata"]["namespace"] == namespace) and \
+                    matches(obj["metadata"].get("labels") or {})
+            if watching:
+                return 200, WatchStream(selected, query, ClaimSource(state, selected))
+            items = [obj for _, obj in sorted(state.claims.items()) if selected(obj)]
+            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                         "metadata": {"resourceVersion": str(state.rv)}, "items": items}
+
+        def claim_labels(self, namespace, name, content_type, body):
+            """PATCH of the claim object (not its status): the claim router writes metadata.labels, merge patch."""
+            self.authorize("patch", "resourceclaims", "resource.k8s.io", name)
+            claim = state.claims.get((namespace, name))
+            if claim is None:
+                raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found',
+                               details={"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"})
+            if content_type not in PATCH_TYPES:
+                raise ApiError(415, "UnsupportedMediaType",
+                               f"the body of the request was in an unknown format: {content_type}")
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "patch must be a JSON object")
+            if set(body) - {"metadata"} or set(body.get("metadata") or {}) - {"labels", "uid", "resourceVersion"}:
+                # The router writes labels only; anything else through this path would be a status or spec
+                # change this simulator does not model.
+                raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: only '
+                                               "metadata.labels may be patched here (status: the status subresource)")
+            meta = body.get("metadata") or {}
+            if "uid" in meta and meta["uid"] != claim["metadata"]["uid"]:
+                raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: metadata.uid: '
+                                               f'Invalid value: "{meta["uid"]}": field is immutable')
+            if "resourceVersion" in meta and meta["resourceVersion"] != claim["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io '
+                                                f'"{name}": the object has been modified; please apply your changes '
+                                                "to the latest version and try again")
+            for key, value in (meta.get("labels") or {}).items():
+                if not QUALIFIED_NAME.match(key) or len(key.rpartition("/")[2]) > 63:
+                    raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: '
+                                                   f'metadata.labels: Invalid value: "{key}": not a qualified name')
+                if value is not None and (not isinstance(value, str) or not LABEL_VALUE.fullmatch(value)):
+                    raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: '
+                                                   f'metadata.labels: Invalid value: "{value}": a valid label must be '
+                                                   "an empty string or consist of alphanumeric characters, '-', '_' "
+                                                   "or '.', and must start and end with an alphanumeric character "
+                                                   "(at most 63)")
+            updated = merge_patch(claim, {"metadata": {"labels": meta.get("labels") or {}}})
+            if updated == claim:
+                return 200, claim  # a no-op patch writes nothing: no new resourceVersion, no event
+            updated["metadata"]["resourceVersion"] = state.next_rv()
+            state.claims[(namespace, name)] = updated
+            state.claim_event("MODIFIED", updated, claim)
+            return 200, updated
+
+        def lease(self, method, namespace, name, content_type, body):
+            """coordination.k8s.io/v1 Leases: get, create, update (with the resourceVersion it read: 409 when it
+            moved on, as kube-apiserver's optimistic concurrency), delete."""
+            verb = {"GET": "get", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+            if verb is None or (name is None) != (verb == "create"):
+                raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            self.authorize(verb, "leases", "coordination.k8s.io", name)
+            if verb == "get":
+                lease = state.leases.get((namespace, name))
+                if lease is None:
+                    raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found',
+                                   details={"name": name, "group": "coordination.k8s.io", "kind": "leases"})
+                return 200, lease
+            if verb == "delete":
+                if state.leases.pop((namespace, name), None) is None:
+                    raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if content_type != "application/json":
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
+            if not isinstance(body, dict) or body.get("apiVersion") != "coordination.k8s.io/v1" or \
+                    body.get("kind") != "Lease":
+                raise ApiError(400, "BadRequest", "expected apiVersion coordination.k8s.io/v1, kind Lease")
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            lease_name = meta.get("name") or name
+            if meta.get("namespace", namespace) != namespace:
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                                  "sent on the request")
+            validate_lease(obj, lease_name)
+            key = (namespace, lease_name)
+            if verb == "create":
+                if key in state.leases:
+                    raise ApiError(409, "AlreadyExists", f'leases.coordination.k8s.io "{lease_name}" already exists')
+                meta.update({"name": lease_name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "resourceVersion": state.next_rv(), "creationTimestamp": now_rfc3339()})
+                state.leases[key] = obj
+                return 201, obj
+            existing = state.leases.get(key)
+            if existing is None:
+                raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+            if lease_name != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            if meta.get("resourceVersion") != existing["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                                                "the object has been modified; please apply your changes to the latest "
+                                                "version and try again")
+            meta.update({"namespace": namespace, "uid": existing["metadata"]["uid"],
+                         "creationTimestamp": existing["metadata"]["creationTimestamp"]})
+            if obj.get("spec") != existing.get("spec") or meta.get("labels") != existing["metadata"].get("labels"):
+                meta["resourceVersion"] = state.next_rv()
+            state.leases[key] = obj
+            return 200, obj
 
         def resource_slice(self, method, name, content_type, body):
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
@@ -760,7 +1017,11 @@ def make_handler(state):
                 with state.lock:
                     generation = state.watch_generation
                     rv_text = watch.resource_version
-                    if rv_text in ("", "0"):
+                    oldest_rv = watch.source.oldest_rv() if watch.source else state.oldest_rv
+                    if rv_text in ("", "0") and watch.source:
+                        pending = watch.source.initial()
+                        last = state.rv
+                    elif rv_text in ("", "0"):
                         pending = [{"type": "ADDED", "object": obj} for _, obj in sorted(state.slices.items())
                                    if watch.selected(obj)]
                         last = state.rv
@@ -768,10 +1029,10 @@ def make_handler(state):
                         pending = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                     "message": f"invalid resource version: {rv_text}", "reason": "BadRequest", "code": 400}}]
                         last = None
-                    elif int(rv_text) < state.oldest_rv:
+                    elif int(rv_text) < oldest_rv:
                         pending = [{"type": "ERROR", "object": {
                             "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-                            "message": f"too old resource version: {rv_text} ({state.oldest_rv})"}}]
+                            "message": f"too old resource version: {rv_text} ({oldest_rv})"}}]
                         last = None
                     else:
                         last = int(rv_text)
@@ -782,8 +1043,11 @@ def make_handler(state):
                 while last is not None:
                     with state.lock:
                         while True:
-                            events = [(rv, kind, obj) for rv, kind, obj in state.slice_events
-                                      if rv > last and watch.selected(obj)]
+                            if watch.source:
+                                events = watch.source.events_after(last)
+                            else:
+                                events = [(rv, kind, obj) for rv, kind, obj in state.slice_events
+                                          if rv > last and watch.selected(obj)]
                             now = time.monotonic()
                             if events or state.watch_generation != generation or now >= deadline or \
                                     (watch.bookmarks and now >= next_bookmark):
@@ -793,7 +1057,7 @@ def make_handler(state):
                             break
                         if not events:
                             last = max(last, state.rv)
-                            bookmark = {"type": "BOOKMARK", "object": {"kind": "ResourceSlice",
+                            bookmark = {"type": "BOOKMARK", "object": {"kind": watch.source.kind if watch.source else "ResourceSlice",
                                         "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": str(last)}}}
                     if events:
                         for rv, kind, obj in events:
@@ -974,12 +1238,24 @@ def control(state, line):
             meta = claim.setdefault("metadata", {})
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now_rfc3339())
-            meta["resourceVersion"] = state.next_rv()
             claim.setdefault("apiVersion", "resource.k8s.io/v1")
             claim.setdefault("kind", "ResourceClaim")
-            state.claims[(meta["namespace"], meta["name"])] = claim
+            state.store_claim(claim)
         elif command == "delete-claim" and len(args) == 2:
-            state.claims.pop((args[0], args[1]), None)
+            gone = state.claims.pop((args[0], args[1]), None)
+            if gone is not None:
+                deleted = copy.deepcopy(gone)
+                deleted["metadata"]["resourceVersion"] = state.next_rv()
+                state.claim_event("DELETED", deleted, gone)
+        elif command == "claim-status" and len(args) >= 3 and (args[0], args[1]) in state.claims:
+            # The scheduler's write through the status subresource: the status is replaced, labels and spec kept.
+            claim = copy.deepcopy(state.claims[(args[0], args[1])])
+            claim["status"] = json.loads(line.split(None, 3)[3])
+            state.store_claim(claim)
+        elif command == "get-claim" and len(args) == 2 and (args[0], args[1]) in state.claims:
+            return "OK " + json.dumps(state.claims[(args[0], args[1])])
+        elif command == "get-lease" and len(args) == 2 and (args[0], args[1]) in state.leases:
+            return "OK " + json.dumps(state.leases[(args[0], args[1])])
         elif command == "admission-api" and args in (["on"], ["off"]):
             state.admission_served = args[0] == "on"
         elif command == "slices":
@@ -999,6 +1275,8 @@ def control(state, line):
             # watched from; any earlier one is 410 Gone.
             state.oldest_rv = int(state.next_rv())
             state.slice_events.clear()
+            state.claim_oldest_rv = state.oldest_rv
+            state.claim_events.clear()
             state.compacted_rv = state.rv
             state.watch_epoch += 1
         elif command == "close-watches":
