@@ -36,9 +36,10 @@ absl::StatusOr<ClaimRoute> RouteOfJson(const Json& claim, std::string_view drive
   if (route.namespace_name.empty() || route.name.empty()) {
     return absl::DataLossError("not a ResourceClaim: no metadata.namespace or metadata.name");
   }
-  if (meta.contains("labels") && meta["labels"].is_object() && meta["labels"].contains(kube::kClaimNodeLabel) &&
-      meta["labels"][kube::kClaimNodeLabel].is_string()) {
-    route.current = meta["labels"][kube::kClaimNodeLabel].get<std::string>();
+  const std::string label_key(kube::kClaimNodeLabel);
+  if (meta.contains("labels") && meta["labels"].is_object() && meta["labels"].contains(label_key) &&
+      meta["labels"][label_key].is_string()) {
+    route.current = meta["labels"][label_key].get<std::string>();
   }
   const Json* results = nullptr;
   if (claim.contains("status") && claim["status"].is_object()) {
@@ -329,7 +330,7 @@ class Routing {
     // A merge patch of the one label (null removes it); the uid makes a claim deleted and created again under the
     // same name fail (422: uid is immutable) instead of being labeled from its predecessor's allocation.
     Json labels = Json::object();
-    labels[kube::kClaimNodeLabel] = item.wanted ? Json(*item.wanted) : Json(nullptr);
+    labels[std::string(kube::kClaimNodeLabel)] = item.wanted ? Json(*item.wanted) : Json(nullptr);
     Json meta = {{"labels", std::move(labels)}};
     if (!item.uid.empty()) meta["uid"] = item.uid;
     const Json patch = {{"metadata", std::move(meta)}};

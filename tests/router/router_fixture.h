@@ -40,11 +40,11 @@ inline std::optional<std::string> NodeLabel(sim::KubeApiSim& api, const std::str
   absl::StatusOr<std::string> reply = api.Control("get-claim " + std::string(kNamespace) + " " + name);
   if (!reply.ok()) return std::nullopt;
   const nlohmann::json claim = nlohmann::json::parse(*reply, nullptr, false);
-  if (!claim.is_object() || !claim["metadata"].contains("labels") ||
-      !claim["metadata"]["labels"].contains(kube::kClaimNodeLabel)) {
+  const std::string key(kube::kClaimNodeLabel);
+  if (!claim.is_object() || !claim["metadata"].contains("labels") || !claim["metadata"]["labels"].contains(key)) {
     return std::nullopt;
   }
-  return claim["metadata"]["labels"][kube::kClaimNodeLabel].get<std::string>();
+  return claim["metadata"]["labels"][key].get<std::string>();
 }
 
 inline std::string LeaseHolder(sim::KubeApiSim& api, const std::string& lease_namespace, const std::string& name) {
