@@ -51,6 +51,7 @@ struct Options {
   long apiserver_pid = 0;
   std::string phases = "routed,naive";
   int writers = 8;
+  int singles = 50;  // routed phase: claims allocated one at a time afterwards, each waited for
 };
 
 std::string NodeName(int i) {
@@ -240,7 +241,8 @@ class Bench {
 
     const Sample before = Measure(*client_, o_.apiserver_pid);
     const auto started = Clock::now();
-    std::map<std::string, Clock::time_point> allocated_at;
+    std::map<std::string, Clock::time_point> allocated_at;  // the status write sent
+    std::map<std::string, Clock::time_point> answered_at;   // its answer read
     std::mutex allocated_mu;
     // Create, allocate, delete: N writers each taking every writers-th claim.
     auto parallel = [&](auto&& each) {
@@ -283,6 +285,8 @@ class Bench {
       check(client_->Send("PATCH", absl::StrCat(ClaimsPath(), "/", name, "/status"), "application/merge-patch+json",
                           status.dump(), 30s),
             "allocate");
+      std::lock_guard lock(allocated_mu);
+      answered_at[name] = Clock::now();
     });
     const auto allocated = Clock::now();
     if (routed) {
@@ -326,22 +330,58 @@ class Bench {
                 "apiserver_request_total(resourceclaims) +%.0f, wall %.1f s\n",
                 phase.c_str(), after.cpu - before.cpu, after.watch_events - before.watch_events,
                 after.requests - before.requests, ms(finished - started) / 1000);
-    if (routed) {
+    auto report = [&](const char* what, const std::map<std::string, Clock::time_point>& from) {
       std::vector<double> latencies;
       std::lock_guard lock(seen_mu);
       for (const auto& [name, seen] : labeled_seen) {
-        auto it = allocated_at.find(name);
-        if (it != allocated_at.end()) latencies.push_back(ms(seen - it->second));
+        auto it = from.find(name);
+        if (it != from.end()) latencies.push_back(ms(seen - it->second));
       }
       std::sort(latencies.begin(), latencies.end());
-      if (!latencies.empty()) {
-        std::printf("[routed] allocation write -> the agent's ADDED (router's label included), %zu claims: median "
-                    "%.2f ms, p99 %.2f ms, max %.2f ms; router: %llu labels, %llu patch errors, %llu events\n",
-                    latencies.size(), latencies[latencies.size() / 2], latencies[latencies.size() * 99 / 100],
-                    latencies.back(), (unsigned long long)router->counters().labeled.load(),
-                    (unsigned long long)router->counters().patch_errors.load(),
-                    (unsigned long long)router->counters().events.load());
+      if (latencies.empty()) return;
+      std::printf("[routed] %s -> the agent's ADDED (the router's label included), %zu claims: median %.2f ms, "
+                  "p99 %.2f ms, max %.2f ms\n", what, latencies.size(), latencies[latencies.size() / 2],
+                  latencies[latencies.size() * 99 / 100], latencies.back());
+    };
+    if (routed) {
+      report("burst: allocation write sent", allocated_at);
+      report("burst: allocation write answered", answered_at);
+      std::printf("[routed] router: %llu labels, %llu patch errors, %llu events\n",
+                  (unsigned long long)router->counters().labeled.load(),
+                  (unsigned long long)router->counters().patch_errors.load(),
+                  (unsigned long long)router->counters().events.load());
+      // One allocation at a time, each waited for: the path's own latency, without a burst's queue.
+      std::map<std::string, Clock::time_point> single_sent, single_answered;
+      {
+        std::lock_guard lock(seen_mu);
+        labeled_seen.clear();
       }
+      for (int i = 0; i < o_.singles; ++i) {
+        const std::string name = "s-" + std::to_string(i);
+        const std::string node = NodeName((i * 37) % o_.agents);
+        const Json claim = {{"apiVersion", "resource.k8s.io/v1"}, {"kind", "ResourceClaim"},
+                            {"metadata", {{"name", name}, {"namespace", o_.ns}}},
+                            {"spec", {{"devices", {{"requests", {{{"name", "gpu"},
+                                                                  {"exactly", {{"deviceClassName", "bench-gpu"}}}}}}}}}}};
+        check(client_->Send("POST", ClaimsPath(), "application/json", claim.dump(), 30s), "create");
+        const Json status = {{"status", {{"allocation", {
+            {"devices", {{"results", {{{"request", "gpu"}, {"driver", kDriver}, {"pool", node}, {"device", "gpu-0"}}}}}},
+            {"nodeSelector", {{"nodeSelectorTerms", {{{"matchFields", {{{"key", "metadata.name"}, {"operator", "In"},
+                                                                         {"values", {node}}}}}}}}}}}}}}};
+        single_sent[name] = Clock::now();
+        check(client_->Send("PATCH", absl::StrCat(ClaimsPath(), "/", name, "/status"), "application/merge-patch+json",
+                            status.dump(), 30s), "allocate");
+        single_answered[name] = Clock::now();
+        const auto wait_until = Clock::now() + 30s;
+        auto seen = [&] {
+          std::lock_guard lock(seen_mu);
+          return labeled_seen.count(name) > 0;
+        };
+        while (!seen() && Clock::now() < wait_until) std::this_thread::sleep_for(1ms);
+        check(client_->Send("DELETE", absl::StrCat(ClaimsPath(), "/", name), "", "", 30s), "delete");
+      }
+      report("one at a time: allocation write sent", single_sent);
+      report("one at a time: allocation write answered", single_answered);
     }
     std::fflush(stdout);
     for (auto& a : agents) a->cancel.Cancel();
@@ -370,6 +410,7 @@ int main(int argc, char** argv) {
     else if (flag == "--apiserver-pid") o.apiserver_pid = std::stol(value);
     else if (flag == "--phases") o.phases = value;
     else if (flag == "--writers") o.writers = std::stoi(value);
+    else if (flag == "--singles") o.singles = std::stoi(value);
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;
