@@ -163,6 +163,11 @@ class Bench {
     }
     std::cout << "apiserver pid " << o_.apiserver_pid << ", " << o_.agents << " agents, " << o_.claims
               << " claims, " << o_.writers << " allocation writers\n";
+    // The API server's CPU with none of this running: the rest of the cluster's share of each phase's window.
+    const double idle_start = CpuSeconds(o_.apiserver_pid);
+    std::this_thread::sleep_for(10s);
+    std::printf("apiserver CPU at rest before the phases: %.3f s per s (10 s)\n",
+                (CpuSeconds(o_.apiserver_pid) - idle_start) / 10);
     int rc = 0;
     for (const std::string phase : {"routed", "naive"}) {
       if (o_.phases.find(phase) == std::string::npos) continue;
