@@ -44,6 +44,7 @@ TREES = {
     "overlays/cdi": ["-f", "values-passthrough.yaml", "--set", "cdi.enabled=true"],
     "overlays/hgx": ["-f", "values-hgx.yaml"],
     "overlays/dra": ["-f", "values-dra.yaml"],
+    "overlays/dra-binding": ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"],
     "overlays/vgpu": ["-f", "values-vgpu.yaml"],
 }
 
@@ -176,74 +177,6 @@ def run_manifest_checks(c, name, spec, docs, help_info, liveness_service):
     before = len(c.failures)
     cm.check_overlay(c, name, spec, docs, help_info, liveness_service)
     return len(c.failures) == before
-
-
-ROUTER = "vfio-gpu-agent-claim-router"
-
-
-def rule_set(role):
-    granted = set()
-    for rule in role.get("rules", []):
-        for g in rule.get("apiGroups", []):
-            for r in rule.get("resources", []):
-                for v in rule.get("verbs", []):
-                    granted.add((g, r, v, tuple(rule.get("resourceNames", []))))
-    return granted
-
-
-def check_claim_router(c, where, docs, pdb):
-    """The claim router with dra.bindingConditions: a Deployment of 2 non-privileged replicas that the restricted
-    Pod Security profile admits, its own ServiceAccount with exactly resourceclaims get/list/watch/patch and the
-    Lease in its namespace, and the agent's ClusterRole grown by exactly resourceclaims list/watch and
-    resourceclaims/status patch."""
-    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"):
-        c.check((kind, ROUTER) in named, f"{where} no {kind} {ROUTER}")
-    c.check((("PodDisruptionBudget", ROUTER) in named) == pdb, f"{where} PodDisruptionBudget present != {pdb}")
-    if not all((k, ROUTER) in named for k in ("ClusterRole", "Role", "Deployment", "RoleBinding", "ClusterRoleBinding")):
-        return
-    c.check(rule_set(named[("ClusterRole", ROUTER)]) ==
-            {("resource.k8s.io", "resourceclaims", v, ()) for v in ("get", "list", "watch", "patch")},
-            f"{where} router ClusterRole rules {named[('ClusterRole', ROUTER)].get('rules')}")
-    c.check(rule_set(named[("Role", ROUTER)]) ==
-            {("coordination.k8s.io", "leases", "create", ()),
-             ("coordination.k8s.io", "leases", "get", (ROUTER,)), ("coordination.k8s.io", "leases", "update", (ROUTER,))},
-            f"{where} router Role rules {named[('Role', ROUTER)].get('rules')}")
-    ns = named[("Deployment", ROUTER)]["metadata"]["namespace"]
-    c.check(named[("Role", ROUTER)]["metadata"]["namespace"] == ns, f"{where} the Lease Role is not in the router's namespace")
-    for kind in ("RoleBinding", "ClusterRoleBinding"):
-        c.check(named[(kind, ROUTER)]["subjects"] == [{"kind": "ServiceAccount", "name": ROUTER, "namespace": ns}],
-                f"{where} {kind} subjects {named[(kind, ROUTER)]['subjects']}")
-    agent = named.get(("ClusterRole", "vfio-gpu-agent"))
-    if c.check(agent is not None, f"{where} no agent ClusterRole"):
-        claims = {(g, r, v, n) for g, r, v, n in rule_set(agent) if r.startswith("resourceclaims")}
-        c.check(claims == {("resource.k8s.io", "resourceclaims", v, ()) for v in ("get", "list", "watch")} |
-                {("resource.k8s.io", "resourceclaims/status", "patch", ()),
-                 # 1.36's DRAResourceClaimGranularStatusAuthorization: status.devices of the driver, own node only.
-                 ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", ("gpu.vfio-agent.cozystack.io",))},
-                f"{where} agent claim rules {sorted(claims)}")
-    deployment = named[("Deployment", ROUTER)]
-    c.check(deployment["spec"]["replicas"] == 2, f"{where} replicas {deployment['spec']['replicas']}")
-    pod = deployment["spec"]["template"]["spec"]
-    c.check(pod.get("serviceAccountName") == ROUTER, f"{where} serviceAccountName {pod.get('serviceAccountName')}")
-    # The restricted profile (pod-security-admission policy/check_*.go, v1.36).
-    psc = pod.get("securityContext", {})
-    c.check(psc.get("runAsNonRoot") is True and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault",
-            f"{where} pod securityContext {psc}")
-    for key in ("hostPID", "hostIPC", "hostNetwork", "volumes"):
-        c.check(key not in pod, f"{where} pod sets {key}")
-    for container in pod["containers"]:
-        sc = container.get("securityContext", {})
-        c.check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities", {}).get("drop") == ["ALL"] and
-                not sc.get("privileged") and "add" not in sc.get("capabilities", {}),
-                f"{where} container securityContext {sc}")
-        c.check(container["args"][0] == "claim-router" and "--identity=$(POD_NAME)" in container["args"] and
-                "--lease-namespace=$(POD_NAMESPACE)" in container["args"], f"{where} args {container['args']}")
-    policy = named.get(("ValidatingAdmissionPolicy", "vfio-gpu-agent-own-node"))
-    if c.check(policy is not None, f"{where} no own-node policy"):
-        text = yaml.safe_dump(policy)
-        c.check("resourceclaims/status" in text and "variables.isClaim" in text,
-                f"{where} the own-node policy does not hold the agent's claim status writes")
 
 
 def cmd_render(c, args):
@@ -412,12 +345,12 @@ def cmd_render(c, args):
     # watch and the status write (issue 32). Off (every variant above): none of it.
     docs = render("dra bindingConditions", ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"])
     if docs:
-        check_claim_router(c, "[dra bindingConditions]", docs, pdb=True)
+        cm.check_claim_router(c, "[dra bindingConditions]", docs, pdb=True)
     docs = render("dra bindingConditions without PDB", ["-f", "values-dra.yaml", "--set",
                                                         "dra.bindingConditions.enabled=true", "--set",
                                                         "dra.bindingConditions.router.podDisruptionBudget=false"])
     if docs:
-        check_claim_router(c, "[dra bindingConditions without PDB]", docs, pdb=False)
+        cm.check_claim_router(c, "[dra bindingConditions without PDB]", docs, pdb=False)
 
     docs = render("no admission policy", ["--set", "admissionPolicy.enabled=false"])
     if docs:
