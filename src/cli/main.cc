@@ -21,6 +21,7 @@ commands:
   run       bind, then serve: what the DaemonSet runs
   kubevirt-config  print the KubeVirt permittedHostDevices entries for this node's GPUs
   validate  check the passthrough chain (platform, devices, plugin, kubelet, KubeVirt) and say how to fix it
+  claim-router  (cluster-level, one Deployment) label allocated DRA claims with their node, for the agents' watches
 
 `vfio-gpu-agent <command> --help` lists a command's options. Every option can also be set through an
 environment variable VFIO_GPU_AGENT_<OPTION> (e.g. VFIO_GPU_AGENT_SYSFS_ROOT).
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   if (command == "run") return RunRun(args, std::cout);
   if (command == "kubevirt-config") return RunKubevirtConfig(args, std::cout);
   if (command == "validate") return RunValidate(args, std::cout);
+  if (command == "claim-router") return RunClaimRouter(args, std::cout);
   std::cerr << "vfio-gpu-agent: unknown command \"" << command << "\"\n\n" << kUsage;
   return kExitUsage;
 }

@@ -44,6 +44,7 @@ TREES = {
     "overlays/cdi": ["-f", "values-passthrough.yaml", "--set", "cdi.enabled=true"],
     "overlays/hgx": ["-f", "values-hgx.yaml"],
     "overlays/dra": ["-f", "values-dra.yaml"],
+    "overlays/dra-binding": ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"],
     "overlays/vgpu": ["-f", "values-vgpu.yaml"],
 }
 
@@ -339,6 +340,17 @@ def cmd_render(c, args):
         c.check(args_.count("--bind-on-prepare") == 1 and "--kubelet-api=dra" in args_
                 and args_.index("--kubelet-api=dra") < args_.index("--bind-on-prepare"),
                 f"[dra bindOnPrepare] args {args_}")
+
+    # dra.bindingConditions: the claim router's Deployment and RBAC, and the agent's RBAC grows exactly by the claim
+    # watch and the status write (issue 32). Off (every variant above): none of it.
+    docs = render("dra bindingConditions", ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"])
+    if docs:
+        cm.check_claim_router(c, "[dra bindingConditions]", docs, pdb=True)
+    docs = render("dra bindingConditions without PDB", ["-f", "values-dra.yaml", "--set",
+                                                        "dra.bindingConditions.enabled=true", "--set",
+                                                        "dra.bindingConditions.router.podDisruptionBudget=false"])
+    if docs:
+        cm.check_claim_router(c, "[dra bindingConditions without PDB]", docs, pdb=False)
 
     docs = render("no admission policy", ["--set", "admissionPolicy.enabled=false"])
     if docs:

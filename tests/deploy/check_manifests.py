@@ -31,6 +31,9 @@ OVERLAYS = {
     "overlays/cdi": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": True},
     "overlays/hgx": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False},
     "overlays/dra": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False, "dra": True},
+    # DRA binding conditions: the agent's claim grants, and the claim router (checked by check_claim_router).
+    "overlays/dra-binding": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False, "dra": True,
+                             "binding": True},
     "overlays/vgpu": {"namespace": "vfio-gpu-agent", "owns_namespace": True, "cdi": False, "vgpu": True},
 }
 
@@ -65,6 +68,11 @@ RBAC_NAMED = {
     ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get", POLICY_NAME),
     ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "get", POLICY_NAME),
 }
+# DRA binding conditions: the agent's own node's claims (by the router's label), their status, and 1.36's
+# DRAResourceClaimGranularStatusAuthorization check of status.devices writes, for the driver's name.
+RBAC_NEEDED_BINDING = {("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),
+                       ("resource.k8s.io", "resourceclaims/status", "patch")}
+RBAC_NAMED_BINDING = {("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", "gpu.vfio-agent.cozystack.io")}
 # RBAC write verb -> the admission operation a request with it is seen as.
 WRITE_VERBS = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE",
                "deletecollection": "DELETE"}
@@ -166,9 +174,83 @@ def liveness_service_name(health_header):
     return m.group(1) if m else None
 
 
+ROUTER = "vfio-gpu-agent-claim-router"
+
+
+def rule_set(role):
+    granted = set()
+    for rule in role.get("rules", []):
+        for g in rule.get("apiGroups", []):
+            for r in rule.get("resources", []):
+                for v in rule.get("verbs", []):
+                    granted.add((g, r, v, tuple(rule.get("resourceNames", []))))
+    return granted
+
+
+def check_claim_router(c, where, docs, pdb):
+    """The claim router with dra.bindingConditions: a Deployment of 2 non-privileged replicas that the restricted
+    Pod Security profile admits, its own ServiceAccount with exactly resourceclaims get/list/watch/patch and the
+    Lease in its namespace, and the agent's ClusterRole grown by exactly resourceclaims list/watch and
+    resourceclaims/status patch."""
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"):
+        c.check((kind, ROUTER) in named, f"{where} no {kind} {ROUTER}")
+    c.check((("PodDisruptionBudget", ROUTER) in named) == pdb, f"{where} PodDisruptionBudget present != {pdb}")
+    if not all((k, ROUTER) in named for k in ("ClusterRole", "Role", "Deployment", "RoleBinding", "ClusterRoleBinding")):
+        return
+    c.check(rule_set(named[("ClusterRole", ROUTER)]) ==
+            {("resource.k8s.io", "resourceclaims", v, ()) for v in ("get", "list", "watch", "patch")},
+            f"{where} router ClusterRole rules {named[('ClusterRole', ROUTER)].get('rules')}")
+    c.check(rule_set(named[("Role", ROUTER)]) ==
+            {("coordination.k8s.io", "leases", "create", ()),
+             ("coordination.k8s.io", "leases", "get", (ROUTER,)), ("coordination.k8s.io", "leases", "update", (ROUTER,))},
+            f"{where} router Role rules {named[('Role', ROUTER)].get('rules')}")
+    ns = named[("Deployment", ROUTER)]["metadata"]["namespace"]
+    c.check(named[("Role", ROUTER)]["metadata"]["namespace"] == ns, f"{where} the Lease Role is not in the router's namespace")
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        c.check(named[(kind, ROUTER)]["subjects"] == [{"kind": "ServiceAccount", "name": ROUTER, "namespace": ns}],
+                f"{where} {kind} subjects {named[(kind, ROUTER)]['subjects']}")
+    agent = named.get(("ClusterRole", "vfio-gpu-agent"))
+    if c.check(agent is not None, f"{where} no agent ClusterRole"):
+        claims = {(g, r, v, n) for g, r, v, n in rule_set(agent) if r.startswith("resourceclaims")}
+        c.check(claims == {("resource.k8s.io", "resourceclaims", v, ()) for v in ("get", "list", "watch")} |
+                {("resource.k8s.io", "resourceclaims/status", "patch", ()),
+                 # 1.36's DRAResourceClaimGranularStatusAuthorization: status.devices of the driver, own node only.
+                 ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", ("gpu.vfio-agent.cozystack.io",))},
+                f"{where} agent claim rules {sorted(claims)}")
+    deployment = named[("Deployment", ROUTER)]
+    c.check(deployment["spec"]["replicas"] == 2, f"{where} replicas {deployment['spec']['replicas']}")
+    pod = deployment["spec"]["template"]["spec"]
+    c.check(pod.get("serviceAccountName") == ROUTER, f"{where} serviceAccountName {pod.get('serviceAccountName')}")
+    # The restricted profile (pod-security-admission policy/check_*.go, v1.36).
+    psc = pod.get("securityContext", {})
+    c.check(psc.get("runAsNonRoot") is True and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault",
+            f"{where} pod securityContext {psc}")
+    for key in ("hostPID", "hostIPC", "hostNetwork", "volumes"):
+        c.check(key not in pod, f"{where} pod sets {key}")
+    for container in pod["containers"]:
+        sc = container.get("securityContext", {})
+        c.check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities", {}).get("drop") == ["ALL"] and
+                not sc.get("privileged") and "add" not in sc.get("capabilities", {}),
+                f"{where} container securityContext {sc}")
+        c.check(container["args"][0] == "claim-router" and "--identity=$(POD_NAME)" in container["args"] and
+                "--lease-namespace=$(POD_NAMESPACE)" in container["args"], f"{where} args {container['args']}")
+    policy = named.get(("ValidatingAdmissionPolicy", "vfio-gpu-agent-own-node"))
+    if c.check(policy is not None, f"{where} no own-node policy"):
+        text = yaml.safe_dump(policy)
+        c.check("resourceclaims/status" in text and "variables.isClaim" in text,
+                f"{where} the own-node policy does not hold the agent's claim status writes")
+
+
 def check_overlay(c, name, spec, docs, help_info, liveness_service):
     options, envs, defaults = help_info
     where = f"[{name}]"
+    router_docs = [d for d in docs if d["metadata"].get("name") == ROUTER]
+    if spec.get("binding"):
+        check_claim_router(c, where, docs, pdb=True)
+    else:
+        c.check(not router_docs, f"{where} claim router objects without dra.bindingConditions")
+    docs = [d for d in docs if d["metadata"].get("name") != ROUTER]
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
@@ -212,10 +294,12 @@ def check_overlay(c, name, spec, docs, help_info, liveness_service):
                     else:
                         granted.add((g, r, v))
     needed = RBAC_NEEDED | (RBAC_NEEDED_DRA if spec.get("dra") else set()) | (RBAC_NEEDED_VGPU if serves_vgpu(spec) else set())
+    needed |= RBAC_NEEDED_BINDING if spec.get("binding") else set()
+    named_needed = RBAC_NAMED | (RBAC_NAMED_BINDING if spec.get("binding") else set())
     c.check(granted == needed,
             f"{where} ClusterRole grants {sorted(granted - needed)} beyond what run needs and lacks {sorted(needed - granted)}")
-    c.check(named == RBAC_NAMED,
-            f"{where} ClusterRole grants by name {sorted(named - RBAC_NAMED)} beyond the policy's get and lacks {sorted(RBAC_NAMED - named)}")
+    c.check(named == named_needed,
+            f"{where} ClusterRole grants by name {sorted(named - named_needed)} beyond the policy's get and lacks {sorted(named_needed - named)}")
     c.check(binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                    "name": role["metadata"]["name"]}, f"{where} binding roleRef {binding['roleRef']}")
     c.check(binding.get("subjects") == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],

@@ -39,6 +39,7 @@ int RunServe(const std::vector<std::string>& args, std::ostream& out);
 int RunRun(const std::vector<std::string>& args, std::ostream& out);
 int RunKubevirtConfig(const std::vector<std::string>& args, std::ostream& out);
 int RunValidate(const std::vector<std::string>& args, std::ostream& out);
+int RunClaimRouter(const std::vector<std::string>& args, std::ostream& out);
 
 // Shared by `bind`/`serve` and `run` (which is bind, then serve).
 std::vector<FlagSpec> BindFlags();

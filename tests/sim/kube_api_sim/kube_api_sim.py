@@ -8,7 +8,9 @@ resourceVersion older than the last `compact` is an ERROR event with a 410 Statu
 etcd compaction), POST/PATCH events.k8s.io/v1 Events, GET kubevirt.io/v1 kubevirts, GET
 of one resource.k8s.io/v1 ResourceClaim by namespace and name, the cluster-wide list and watch of ResourceClaims with a
 labelSelector (an object that stops matching is DELETED to the watch, as the watch cache sends it), the claims'
-status subresource (GET; PATCH by server-side apply or merge patch, validated as 1.36 validates status.devices), GET of one admissionregistration.k8s.io/v1
+status subresource (GET; PATCH by server-side apply or merge patch, validated as 1.36 validates status.devices), the
+namespaced list and watch of claims and PATCH of their metadata.labels (merge patch: the claim router's write),
+coordination.k8s.io/v1 Leases (get, create, update with 409 on a stale resourceVersion, delete; spec validated), GET of one admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy(Binding) by name, the list of resource.k8s.io/v1 DeviceClasses, and resource.k8s.io/v1 ResourceSlices (list with the
 spec.nodeName/spec.driver field selectors, watch with the same selectors (chunked JSON lines, 410 Gone for a
 compacted resourceVersion, bookmarks), create, update, delete, validated as kube-apiserver validates them: the device
@@ -52,6 +54,9 @@ Control: one command per line on stdin, answered by one line on stdout ("OK [jso
                                   it gpu.vfio-agent.cozystack.io/node=<ClaimNodeLabelValue(NODE)>
   deallocate NAMESPACE NAME       the scheduler gives the allocation up: status emptied (the label stays)
   unlabel NAMESPACE NAME          the router takes its label off (a labelSelector watch sees DELETED)
+  claim-status NAMESPACE NAME JSON  the scheduler writes the claim's status (status.allocation) through the status
+                                  subresource: the status is replaced, labels and spec kept
+  get-lease NAMESPACE NAME        OK <lease json>
   admission-api off|on            off: admissionregistration.k8s.io/v1 policies not served (Kubernetes < 1.30),
                                   a 404 that names no object; on (the default) serves them
   slices                          OK <json list of stored resource.k8s.io/v1 ResourceSlices>
@@ -195,6 +200,7 @@ class State:
         self.log = open(log_path, "a", buffering=1) if log_path else None
         self.compacted_rv = 0  # watches of nodes: from an older resourceVersion, 410
         self.watch_epoch = 0  # `compact` ends the node watches of earlier epochs
+        self.leases = {}  # (namespace, name) -> Lease
 
     def next_rv(self):
         self.rv += 1
@@ -591,6 +597,25 @@ def invalid_claim(name, message):
                              "causes": [{"reason": reason, "message": what, "field": field}]})
 
 
+def validate_lease(lease, name):
+    """pkg/apis/coordination/validation ValidateLeaseSpec: a positive leaseDurationSeconds, a non-negative
+    leaseTransitions; the times are metav1.MicroTime (RFC 3339 with microseconds) or the decode fails (400)."""
+    spec = lease.get("spec") or {}
+    for field in ("acquireTime", "renewTime"):
+        if field in spec and spec[field] is not None and \
+                (not isinstance(spec[field], str) or not MICRO_TIME.match(spec[field])):
+            raise ApiError(400, "BadRequest", f"Lease in version \"v1\" cannot be handled as a Lease: spec.{field}: "
+                                              f"parsing time {spec[field]!r}: not RFC 3339 with microseconds")
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: spec.leaseDurationSeconds: '
+                                       f"Invalid value: {duration}: must be greater than 0")
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: spec.leaseTransitions: '
+                                       f"Invalid value: {transitions}: must be greater than or equal to 0")
+
+
 def field_selector(path):
     """{field: value} of a list request's fieldSelector (only `=`/`==` terms, as the agent sends)."""
     query = path.split("?", 1)[1] if "?" in path else ""
@@ -823,6 +848,9 @@ def make_handler(state):
                     raise ApiError(404, "NotFound", "the server could not find the requested resource")
                 return 200, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirtList", "metadata": {"resourceVersion": str(state.rv)},
                              "items": state.kubevirts}
+            routed = self.claim_router_objects(method, parts, content_type, body)
+            if routed is not None:
+                return routed
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
                     and parts[5] == "resourceclaims" and method == "GET":
                 self.authorize("get", "resourceclaims", "resource.k8s.io", parts[6])
@@ -830,18 +858,6 @@ def make_handler(state):
             if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 8 \
                     and parts[5] == "resourceclaims" and parts[7] == "status":
                 return self.claim_status(method, parts[4], parts[6], content_type, body)
-            if parts == ["apis", "resource.k8s.io", "v1", "resourceclaims"] and method == "GET":
-                query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
-                watching = query.get("watch", [""])[0] in ("true", "1")
-                self.authorize("watch" if watching else "list", "resourceclaims", "resource.k8s.io")
-                if field_selector(self.path):
-                    raise ApiError(400, "BadRequest", "field label not supported: resourceclaims have no node field")
-                selected = label_selector(self.path)
-                if watching:
-                    return 200, WatchStream(selected, query, "claims", "ResourceClaim")
-                items = [obj for _, obj in sorted(state.claims.items()) if selected(obj)]
-                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
-                             "metadata": {"resourceVersion": str(state.rv)}, "items": items}
             if parts[:3] == ["apis", "admissionregistration.k8s.io", "v1"] and len(parts) == 5 \
                     and parts[3] in state.admission and method == "GET":
                 self.authorize("get", parts[3], "admissionregistration.k8s.io", parts[4])
@@ -924,6 +940,134 @@ def make_handler(state):
             if updated != claim:
                 state.store_claim(updated)
             return 200, state.claims[(namespace, name)]
+
+        # --- The claim router's objects: claims listed, watched and labeled cluster-wide, and Leases. ---
+
+        def claim_router_objects(self, method, parts, content_type, body):
+            """Serves what the claim router and the label-selected claim watches use; None for other paths."""
+            query = urllib.parse.parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+            if parts == ["apis", "resource.k8s.io", "v1", "resourceclaims"] and method == "GET":
+                return self.claim_collection(None, query)
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 6 \
+                    and parts[5] == "resourceclaims" and method == "GET":
+                return self.claim_collection(parts[4], query)
+            if parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] and len(parts) == 7 \
+                    and parts[5] == "resourceclaims" and method == "PATCH":
+                return self.claim_labels(parts[4], parts[6], content_type, body)
+            if parts[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] and len(parts) in (6, 7) \
+                    and parts[5] == "leases":
+                return self.lease(method, parts[4], parts[6] if len(parts) == 7 else None, content_type, body)
+            return None
+
+        def claim_collection(self, namespace, query):
+            watching = query.get("watch", [""])[0] in ("true", "1")
+            self.authorize("watch" if watching else "list", "resourceclaims", "resource.k8s.io")
+            if field_selector(self.path):
+                raise ApiError(400, "BadRequest", "field label not supported: ResourceClaims have no field selectors "
+                                                  "but metadata.name and metadata.namespace")
+            matches = label_selector(self.path)
+
+            def selected(obj):
+                return obj is not None and (namespace is None or obj["metadata"]["namespace"] == namespace) and \
+                    matches(obj)
+            if watching:
+                return 200, WatchStream(selected, query, "claims", "ResourceClaim")
+            items = [obj for _, obj in sorted(state.claims.items()) if selected(obj)]
+            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                         "metadata": {"resourceVersion": str(state.rv)}, "items": items}
+
+        def claim_labels(self, namespace, name, content_type, body):
+            """PATCH of the claim object (not its status): the claim router writes metadata.labels, merge patch."""
+            self.authorize("patch", "resourceclaims", "resource.k8s.io", name)
+            claim = self.stored_claim(namespace, name)
+            if content_type not in PATCH_TYPES:
+                raise ApiError(415, "UnsupportedMediaType",
+                               f"the body of the request was in an unknown format: {content_type}")
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "patch must be a JSON object")
+            if set(body) - {"metadata"} or set(body.get("metadata") or {}) - {"labels", "uid", "resourceVersion"}:
+                # The router writes labels only; anything else through this path would be a status or spec
+                # change this simulator does not model.
+                raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: only '
+                                               "metadata.labels may be patched here (status: the status subresource)")
+            meta = body.get("metadata") or {}
+            if "uid" in meta and meta["uid"] != claim["metadata"]["uid"]:
+                raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: metadata.uid: '
+                                               f'Invalid value: "{meta["uid"]}": field is immutable')
+            if "resourceVersion" in meta and meta["resourceVersion"] != claim["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io '
+                                                f'"{name}": the object has been modified; please apply your changes '
+                                                "to the latest version and try again")
+            for key, value in (meta.get("labels") or {}).items():
+                if not QUALIFIED_NAME.match(key) or len(key.rpartition("/")[2]) > 63:
+                    raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: '
+                                                   f'metadata.labels: Invalid value: "{key}": not a qualified name')
+                if value is not None and (not isinstance(value, str) or not LABEL_VALUE.fullmatch(value)):
+                    raise ApiError(422, "Invalid", f'ResourceClaim.resource.k8s.io "{name}" is invalid: '
+                                                   f'metadata.labels: Invalid value: "{value}": a valid label must be '
+                                                   "an empty string or consist of alphanumeric characters, '-', '_' "
+                                                   "or '.', and must start and end with an alphanumeric character "
+                                                   "(at most 63)")
+            updated = merge_patch(claim, {"metadata": {"labels": meta.get("labels") or {}}})
+            if updated == claim:
+                return 200, claim  # a no-op patch writes nothing: no new resourceVersion, no event
+            updated["metadata"]["resourceVersion"] = state.next_rv()
+            state.claims[(namespace, name)] = updated
+            state.claim_event("MODIFIED", updated, claim)
+            return 200, updated
+
+        def lease(self, method, namespace, name, content_type, body):
+            """coordination.k8s.io/v1 Leases: get, create, update (with the resourceVersion it read: 409 when it
+            moved on, as kube-apiserver's optimistic concurrency), delete."""
+            verb = {"GET": "get", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+            if verb is None or (name is None) != (verb == "create"):
+                raise ApiError(405, "MethodNotAllowed", f"{method} not allowed here")
+            self.authorize(verb, "leases", "coordination.k8s.io", name)
+            if verb == "get":
+                lease = state.leases.get((namespace, name))
+                if lease is None:
+                    raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found',
+                                   details={"name": name, "group": "coordination.k8s.io", "kind": "leases"})
+                return 200, lease
+            if verb == "delete":
+                if state.leases.pop((namespace, name), None) is None:
+                    raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if content_type != "application/json":
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported content type {content_type}")
+            if not isinstance(body, dict) or body.get("apiVersion") != "coordination.k8s.io/v1" or \
+                    body.get("kind") != "Lease":
+                raise ApiError(400, "BadRequest", "expected apiVersion coordination.k8s.io/v1, kind Lease")
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            lease_name = meta.get("name") or name
+            if meta.get("namespace", namespace) != namespace:
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                                  "sent on the request")
+            validate_lease(obj, lease_name)
+            key = (namespace, lease_name)
+            if verb == "create":
+                if key in state.leases:
+                    raise ApiError(409, "AlreadyExists", f'leases.coordination.k8s.io "{lease_name}" already exists')
+                meta.update({"name": lease_name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "resourceVersion": state.next_rv(), "creationTimestamp": now_rfc3339()})
+                state.leases[key] = obj
+                return 201, obj
+            existing = state.leases.get(key)
+            if existing is None:
+                raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+            if lease_name != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            if meta.get("resourceVersion") != existing["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                                                "the object has been modified; please apply your changes to the latest "
+                                                "version and try again")
+            meta.update({"namespace": namespace, "uid": existing["metadata"]["uid"],
+                         "creationTimestamp": existing["metadata"]["creationTimestamp"]})
+            if obj.get("spec") != existing.get("spec") or meta.get("labels") != existing["metadata"].get("labels"):
+                meta["resourceVersion"] = state.next_rv()
+            state.leases[key] = obj
+            return 200, obj
 
         def resource_slice(self, method, name, content_type, body):
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
@@ -1048,10 +1192,10 @@ def make_handler(state):
                         pending = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                     "message": f"invalid resource version: {rv_text}", "reason": "BadRequest", "code": 400}}]
                         last = None
-                    elif int(rv_text) < state.oldest_rv:
+                    elif int(rv_text) < oldest_rv:
                         pending = [{"type": "ERROR", "object": {
                             "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-                            "message": f"too old resource version: {rv_text} ({state.oldest_rv})"}}]
+                            "message": f"too old resource version: {rv_text} ({oldest_rv})"}}]
                         last = None
                     else:
                         last = int(rv_text)
@@ -1299,6 +1443,13 @@ def control(state, line):
             claim = copy.deepcopy(state.claims[(args[0], args[1])])
             (claim["metadata"].get("labels") or {}).pop(CLAIM_NODE_LABEL, None)
             state.store_claim(claim)
+        elif command == "claim-status" and len(args) >= 3 and (args[0], args[1]) in state.claims:
+            # The scheduler's write through the status subresource: the status is replaced, labels and spec kept.
+            claim = copy.deepcopy(state.claims[(args[0], args[1])])
+            claim["status"] = json.loads(line.split(None, 3)[3])
+            state.store_claim(claim)
+        elif command == "get-lease" and len(args) == 2 and (args[0], args[1]) in state.leases:
+            return "OK " + json.dumps(state.leases[(args[0], args[1])])
         elif command == "admission-api" and args in (["on"], ["off"]):
             state.admission_served = args[0] == "on"
         elif command == "slices":
