@@ -320,6 +320,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   // polls; a change of a label the agent acts on starts a pass at once.
   std::mutex watch_mu_;
   std::optional<Labels> watched_labels_;
+  // The KubeVirt release as the reporter told it (its thread, under watch_mu_), and as the loop last handed it to
+  // agent_ (the loop's; under watch_mu_ too, as it is compared there).
+  std::optional<kube::KubevirtRelease> told_release_;
+  std::optional<kube::KubevirtRelease> agent_release_;
   node::Wakeup label_wakeup_;
   std::string acted_labels_;  // RelevantLabels of the labels the last pass read (the loop's)
   bool workload_labels_error_logged_ = false;
@@ -363,6 +367,17 @@ absl::Status Daemon::Impl::Start() {
         watched_labels_ = labels;
       }
       label_wakeup_.Notify();
+    });
+  }
+  if (reporter_ && !options_.dra && options_.serve.vfio_backend == plugin::VfioBackendChoice::kAuto) {
+    // --vfio-backend auto follows the KubeVirt release. Called on the API worker (va-kube-api), which only stores it
+    // and wakes the loop: agent_ is the loop's (a mode switch replaces it), so the pass hands it over.
+    reporter_->WatchKubevirtRelease([this](const std::optional<kube::KubevirtRelease>& release) {
+      {
+        std::lock_guard lock(watch_mu_);
+        told_release_ = release;
+      }
+      wakeup_.Notify();
     });
   }
   if (absl::Status status = Pass(); !status.ok()) {
@@ -500,6 +515,13 @@ absl::Status Daemon::Impl::Pass() {
 
 absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
+  {
+    std::lock_guard lock(watch_mu_);
+    if (told_release_ != agent_release_) {
+      agent_release_ = told_release_;
+      agent_->SetKubevirtRelease(agent_release_);
+    }
+  }
   // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
   pass_labels_ = std::exchange(polled_labels_, std::nullopt);
   if (std::optional<Labels> watched = WatchedLabels(); watched && !pass_labels_) pass_labels_ = *std::move(watched);
@@ -782,6 +804,7 @@ void Daemon::Impl::SwitchMode(Workload wanted, const std::string& why) {
   }
   options_.serve.workload = wanted;
   agent_ = std::make_unique<plugin::Agent>(options_.serve);
+  agent_->SetKubevirtRelease(agent_release_);
   // What the passes of the old mode kept about its devices.
   backoff_.clear();
   bind_failures_.clear();

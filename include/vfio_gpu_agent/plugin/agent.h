@@ -17,6 +17,7 @@
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/vfio_backend.h"
 
 namespace vfio_agent::plugin {
 
@@ -68,6 +69,10 @@ struct ServeOptions {
   std::filesystem::path fabric_library = "libnvfm.so.1";
   std::chrono::milliseconds fabric_interval{5000};
   fabric::FabricObserver* fabric_observer = nullptr;  // not owned; must outlive the agent
+  // Which VFIO nodes Allocate and the CDI specs hand out (vfio_backend.h). auto follows the KubeVirt release told
+  // through Agent::SetKubevirtRelease (unknown until then); iommufd refuses to start on a host without
+  // <dev_root>/iommu.
+  VfioBackendChoice vfio_backend = VfioBackendChoice::kAuto;
 };
 
 struct ResourceStatus {
@@ -95,6 +100,12 @@ class Agent {
   void Stop();
   // Rescans sysfs now instead of at the next tick (a device was just bound); returns at once.
   void RescanNow();
+  // The KubeVirt release the cluster runs (nullopt: unknown), for --vfio-backend auto. Any thread (`run` calls it on
+  // the API worker, va-kube-api); returns at once. A change of the resolved node set rescans, and the next
+  // snapshot re-publishes every resource (ListAndWatch when health changes, the CDI specs, Allocate's answer).
+  void SetKubevirtRelease(const std::optional<kube::KubevirtRelease>& release);
+  // The node set Allocate hands out now (ResolveNodeSet of the choice and the last release told).
+  pci::VfioNodeSet NodeSet() const;
 
   DeviceSnapshot Snapshot() const;
   std::vector<ResourceStatus> Resources() const;
