@@ -44,6 +44,10 @@ std::vector<FlagSpec> RunFlags() {
        "nvidia.com/vgpu.config.state (pending, success, failed)", "none"},
       {"vgpu-config", "NAME",
        "the config of --vgpu-config-file to apply when the node has no nvidia.com/vgpu.config label", "none"},
+      {"kubevirt-interval", "MS",
+       "--vfio-backend auto: how often the KubeVirt CR is read again (its status.observedKubeVirtVersion decides "
+       "whether Allocate adds the cdevs), in milliseconds; one GET at the start and one per interval",
+       "3600000"},
       {"registration-grace", "MS",
        "how long registration with the kubelet may take (after a start or a kubelet restart) before it is "
        "published as a failure (condition False, Warning event), in milliseconds", "30000"},
@@ -118,6 +122,9 @@ absl::StatusOr<std::unique_ptr<kube::NodeReporter>> ConnectReporter(const Parsed
   absl::StatusOr<std::string> node_name = NodeName(cmd.flags);
   if (!node_name.ok()) return absl::InvalidArgumentError(absl::StrCat("run: ", node_name.status().message()));
   options.node_name = *node_name;
+  absl::StatusOr<int> kubevirt_interval = IntValue(cmd.flags, "kubevirt-interval", "3600000", 1000, 86400000);
+  if (!kubevirt_interval.ok()) return kubevirt_interval.status();
+  options.kubevirt_interval = std::chrono::milliseconds(*kubevirt_interval);
   absl::StatusOr<std::unique_ptr<kube::NodeReporter>> reporter = kube::ConnectNodeReporter(options);
   if (reporter.ok()) {
     spdlog::info("run: reporting node {} to the Kubernetes API", options.node_name);

@@ -23,6 +23,12 @@ std::vector<FlagSpec> ServeFlags() {
       {"udev", "", "watch udev PCI events (--no-udev on a simulated sysfs)", "on"},
       {"cdi", "", "also return CDI device names and write CDI specs", "off"},
       {"cdi-dir", "DIR", "where CDI specs are written", "/var/run/cdi"},
+      {"vfio-backend", "legacy|iommufd|auto",
+       "the VFIO nodes Allocate hands a VM: legacy (/dev/vfio/vfio, /dev/vfio/<group>), iommufd (the cdevs "
+       "/dev/vfio/devices/vfioN, /dev/iommu), or auto: what KubeVirt's own PCI device plugin hands out for the release "
+       "its CR shows (legacy before v1.9, the legacy nodes and the cdevs from v1.9 on or while unknown); the device "
+       "plugin only (in DRA the claim's DeviceClass picks)",
+       "auto"},
       {"pod-resources-socket", "PATH",
        "the kubelet's pod-resources socket (which devices pods hold: readiness, partition release)",
        "/var/lib/kubelet/pod-resources/kubelet.sock"},
@@ -90,6 +96,10 @@ absl::StatusOr<plugin::ServeOptions> ServeOptionsFromFlags(const ParsedCommand& 
   options.cdi_dir = cmd.flags.Get("cdi-dir", "/var/run/cdi");
   options.paths.pod_resources_socket =
       cmd.flags.Get("pod-resources-socket", options.paths.pod_resources_socket.string());
+  const std::string backend = cmd.flags.Get("vfio-backend", "auto");
+  const std::optional<plugin::VfioBackendChoice> choice = plugin::ParseVfioBackendChoice(backend);
+  if (!choice) return absl::InvalidArgumentError(absl::StrCat("--vfio-backend \"", backend, "\": legacy, iommufd or auto"));
+  options.vfio_backend = *choice;
   absl::StatusOr<fabric::FabricOptions> fabric = FabricOptionsFromFlags(cmd);
   if (!fabric.ok()) return fabric.status();
   options.fabric = *std::move(fabric);
@@ -150,6 +160,11 @@ absl::StatusOr<bool> DraSelected(const ParsedCommand& cmd) {
   }
   if (api != "dra" && cmd.flags.GetBool("binding-conditions")) {
     return absl::InvalidArgumentError("--binding-conditions is a policy of the DRA driver: it needs --kubelet-api dra");
+  }
+  if (api == "dra" && cmd.flags.Has("vfio-backend")) {
+    return absl::InvalidArgumentError(
+        "--vfio-backend is the device plugin's: the claim's DeviceClass picks the backend in DRA "
+        "(<model>.<driver> legacy, <model>-iommufd.<driver> iommufd)");
   }
   return api == "dra";
 }

@@ -133,6 +133,10 @@ absl::StatusOr<std::optional<validation::DraValidation>> DraFromFlags(const Pars
   if (api != "dra" && cmd.flags.GetBool("bind-on-prepare")) {
     return absl::InvalidArgumentError("--bind-on-prepare is a policy of the DRA driver: it needs --kubelet-api dra");
   }
+  if (api == "dra" && cmd.flags.Has("vfio-backend")) {
+    return absl::InvalidArgumentError(
+        "--vfio-backend is the device plugin's: the claim's DeviceClass picks the backend in DRA");
+  }
   if (api == "device-plugin") return std::nullopt;
   validation::DraValidation dra;
   dra.driver.bind_on_prepare = cmd.flags.GetBool("bind-on-prepare");
@@ -191,6 +195,10 @@ std::vector<FlagSpec> ValidateFlags() {
        "them, so the devices layer wants on vfio-pci only the groups a prepared claim holds (the driver's checkpoint)",
        "off"},
       {"node-name", "NAME", "with --kubelet-api dra: the node whose ResourceSlices are read", "$NODE_NAME"},
+      {"vfio-backend", "legacy|iommufd|auto",
+       "the device plugin's, as the agent runs: kubevirt.vfio_backend says what Allocate hands out under it and "
+       "fails when KubeVirt cannot open that",
+       "auto"},
       {"state-dir", "DIR", "--workload vm-vgpu: the agent's state dir, whose vgpu-catalog.txt names the vGPUs of "
                            "full SR-IOV cards (read, never written)", "/var/lib/vfio-gpu-agent"},
       {"vgpu-config-file", "FILE", "--workload vm-vgpu: vgpu-device-manager's config file; the vgpu layer compares "
@@ -271,6 +279,10 @@ int RunValidate(const std::vector<std::string>& args, std::ostream& out) {
   if (!absl::SimpleAtoi(api_timeout, &api_ms) || api_ms <= 0) {
     return usage("--api-timeout must be a positive number of milliseconds");
   }
+  const std::string backend = cmd.flags.Get("vfio-backend", "auto");
+  const std::optional<plugin::VfioBackendChoice> choice = plugin::ParseVfioBackendChoice(backend);
+  if (!choice) return usage(absl::StrCat("--vfio-backend \"", backend, "\": legacy, iommufd or auto"));
+  options.vfio_backend = *choice;
   auto dra = DraFromFlags(cmd, std::chrono::milliseconds(api_ms));
   if (!dra.ok()) return usage(dra.status().message());
   options.dra = *std::move(dra);

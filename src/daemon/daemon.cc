@@ -47,6 +47,17 @@ absl::Status Daemon::Impl::Start() {
       label_wakeup_.Notify();
     });
   }
+  if (reporter_ && !options_.dra && options_.serve.vfio_backend == plugin::VfioBackendChoice::kAuto) {
+    // --vfio-backend auto follows the KubeVirt release. Called on the API worker (va-kube-api), which only stores it
+    // and wakes the loop: agent_ is the loop's (a mode switch replaces it), so the pass hands it over.
+    reporter_->WatchKubevirtRelease([this](const std::optional<kube::KubevirtRelease>& release) {
+      {
+        std::lock_guard lock(watch_mu_);
+        told_release_ = release;
+      }
+      wakeup_.Notify();
+    });
+  }
   if (absl::Status status = Pass(); !status.ok()) {
     health_.Shutdown();
     return status;
@@ -173,6 +184,13 @@ absl::Status Daemon::Impl::Pass() {
 
 absl::Status Daemon::Impl::PassOnce() {
   const Clock::time_point start = Clock::now();
+  {
+    std::lock_guard lock(watch_mu_);
+    if (told_release_ != agent_release_) {
+      agent_release_ = told_release_;
+      agent_->SetKubevirtRelease(agent_release_);
+    }
+  }
   // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
   pass_labels_ = std::exchange(polled_labels_, std::nullopt);
   if (std::optional<Labels> watched = WatchedLabels(); watched && !pass_labels_) pass_labels_ = *std::move(watched);

@@ -368,6 +368,10 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   // polls; a change of a label the agent acts on starts a pass at once.
   std::mutex watch_mu_;
   std::optional<Labels> watched_labels_;
+  // The KubeVirt release as the reporter told it (its thread, under watch_mu_), and as the loop last handed it to
+  // agent_ (the loop's; under watch_mu_ too, as it is compared there).
+  std::optional<kube::KubevirtRelease> told_release_;
+  std::optional<kube::KubevirtRelease> agent_release_;
   node::Wakeup label_wakeup_;
   std::string acted_labels_;  // RelevantLabels of the labels the last pass read (the loop's)
   bool workload_labels_error_logged_ = false;

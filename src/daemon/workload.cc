@@ -252,6 +252,7 @@ void Daemon::Impl::SwitchMode(Workload wanted, const std::string& why) {
   options_.serve.workload = wanted;
   source_.SetWorkload(wanted);  // this pass's scan is of the new mode
   agent_ = std::make_unique<plugin::Agent>(options_.serve);
+  agent_->SetKubevirtRelease(agent_release_);
   // What the passes of the old mode kept about its devices.
   backoff_.clear();
   bind_failures_.clear();

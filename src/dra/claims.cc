@@ -579,7 +579,7 @@ absl::StatusOr<PreparedClaim> ClaimPreparer::PrepareOne(const drav1::Claim& requ
   std::map<std::string, std::vector<const kube::AllocationResult*>> by_request;
   for (const kube::AllocationResult* result : ours) {
     if (vgpus != nullptr) {
-      if (absl::Status added = AddVgpu(*result, *vgpus, kind, spec, prepared); !added.ok()) {
+      if (absl::Status added = AddVgpu(*result, *vgpus, *backend, kind, spec, prepared); !added.ok()) {
         return absl::Status(added.code(), absl::StrCat(ref, ": ", added.message()));
       }
       by_request[BaseRequest(result->request)].push_back(result);

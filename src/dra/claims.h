@@ -103,9 +103,9 @@ class ClaimPreparer final : public ClaimHandler {
   // group), or the error naming the claim that holds it.
   absl::Status CheckNotHeld(const std::string& bdf, const std::string& device, const kube::ResourceClaim& claim) const;
   // A vGPU device of the claim (vm-vgpu): checked (preparable, held by no other prepared claim), its device nodes
-  // added to `spec` and its entry to `prepared`. Never binds anything.
-  absl::Status AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus, const std::string& kind,
-                       cdi::v1::Spec& spec, PreparedClaim& prepared) const;
+  // under the claim's `backend` added to `spec` and its entry to `prepared`. Never binds anything.
+  absl::Status AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus, pci::VfioBackend backend,
+                       const std::string& kind, cdi::v1::Spec& spec, PreparedClaim& prepared) const;
   absl::Status CheckDevice(const std::string& bdf, const std::string& device, const pci::Inventory& inventory,
                            const pci::Selection& selection, const kube::ResourceClaim& claim) const;
   // KubeVirt's device-plugin view of an extended-resource claim: PCI_RESOURCE_<NAME>=<BDFs, sorted, comma-joined>
@@ -137,7 +137,7 @@ class ClaimPreparer final : public ClaimHandler {
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);
 
-// Each path as a device node of the claim's CDI spec, read-write (pci::VfioDeviceNodes gives a VFIO device's).
+// Each path as a device node of the claim's CDI spec, read-write (pci::VfioNodes gives a VFIO device's).
 void AddCdiNodes(const std::vector<std::string>& paths, cdi::v1::ContainerEdits* edits);
 
 }  // namespace vfio_agent::dra::internal

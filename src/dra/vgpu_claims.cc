@@ -10,7 +10,6 @@
 #include "vfio_gpu_agent/common/fs.h"
 #include "vfio_gpu_agent/dra/device_names.h"
 #include "vfio_gpu_agent/names/resource_names.h"
-#include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::dra::internal {
 
@@ -44,9 +43,14 @@ absl::StatusOr<const VgpuDevice*> VgpuView::Preparable(const std::string& device
   return vgpu;
 }
 
-void VgpuView::AddDeviceNodes(const VgpuDevice& vgpu, cdi::v1::ContainerEdits* edits) const {
-  // An mdev has no iommufd cdev: its group node only.
-  AddCdiNodes(pci::VfioDeviceNodes(vgpu.vfio_cdevs, vgpu.iommu_group, iommufd_ && !vgpu.mdev), edits);
+absl::Status VgpuView::AddDeviceNodes(const VgpuDevice& vgpu, pci::VfioBackend backend, std::string_view what,
+                                      cdi::v1::ContainerEdits* edits) const {
+  absl::StatusOr<std::vector<std::string>> nodes =
+      pci::VfioBackendNodes(vgpu.mdev ? pci::VfioBackend::kLegacy : backend, vgpu.vfio_cdevs, vgpu.iommu_group,
+                            iommufd_, what);
+  if (!nodes.ok()) return nodes.status();
+  AddCdiNodes(*nodes, edits);
+  return absl::OkStatus();
 }
 
 void VgpuView::AddExtendedResourceEnv(const std::vector<std::string>& device_names,
@@ -63,7 +67,8 @@ void VgpuView::AddExtendedResourceEnv(const std::vector<std::string>& device_nam
 }
 
 absl::Status ClaimPreparer::AddVgpu(const kube::AllocationResult& result, const VgpuView& vgpus,
-                                    const std::string& kind, cdi::v1::Spec& spec, PreparedClaim& prepared) const {
+                                    pci::VfioBackend backend, const std::string& kind, cdi::v1::Spec& spec,
+                                    PreparedClaim& prepared) const {
   absl::StatusOr<const VgpuDevice*> vgpu = vgpus.Preparable(result.device);
   if (!vgpu.ok()) return vgpu.status();
   for (const auto& [uid, other] : prepared_) {
@@ -79,7 +84,11 @@ absl::Status ClaimPreparer::AddVgpu(const kube::AllocationResult& result, const 
   const std::string cdi_name = absl::StrCat(prepared.uid, "-", result.device);
   cdi::v1::Device* cdi_device = spec.add_devices();
   cdi_device->set_name(cdi_name);
-  vgpus.AddDeviceNodes(**vgpu, cdi_device->mutable_container_edits());
+  if (absl::Status nodes = vgpus.AddDeviceNodes(**vgpu, backend, absl::StrCat("vGPU ", result.device, " (", (*vgpu)->id, ")"),
+                                               cdi_device->mutable_container_edits());
+      !nodes.ok()) {
+    return nodes;
+  }
   prepared.devices.push_back({.request = result.request.substr(0, result.request.find('/')),
                               .pool = result.pool,
                               .device = result.device,

@@ -11,6 +11,7 @@
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
 #include "vfio_gpu_agent/pci/inventory.h"
+#include "vfio_gpu_agent/pci/vfio_backend.h"
 #include "vfio_gpu_agent/vgpu/catalog.h"
 
 namespace vfio_agent::dra::internal {
@@ -25,9 +26,11 @@ class VgpuView {
   // The vGPU `device_name` names, if a VM can be given it now (found, healthy); else the reason.
   absl::StatusOr<const VgpuDevice*> Preparable(const std::string& device_name) const;
 
-  // What a VM given `vgpu` opens, as the device plugin's vGPU Allocate hands it out: /dev/vfio/vfio and the vGPU's
-  // own group node; an SR-IOV vGPU on an iommufd host also its cdevs and /dev/iommu (KubeVirt's mdev path has none).
-  void AddDeviceNodes(const VgpuDevice& vgpu, cdi::v1::ContainerEdits* edits) const;
+  // What a VM given `vgpu` opens under the claim's `backend` (its DeviceClass), never the nodes of both: an mdev
+  // always /dev/vfio/vfio and its own group node (KubeVirt's mdev path has no iommufd, an mdev no cdev); an SR-IOV
+  // vGPU (a VF) the backend's nodes. FailedPrecondition naming the vGPU when the backend has none for it.
+  absl::Status AddDeviceNodes(const VgpuDevice& vgpu, pci::VfioBackend backend, std::string_view what,
+                              cdi::v1::ContainerEdits* edits) const;
 
   // KubeVirt's device-plugin view of an extended-resource claim, as the device plugin's vGPU Allocate sets it:
   // MDEV_PCI_RESOURCE_<NAME>=<mdev UUIDs> or PCI_RESOURCE_<NAME>=<VF BDFs>, sorted and comma-joined, once per

@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<NodeReporter>> ConnectNodeReporter(const ConnectO
   }
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options.kubeconfig, options.service_account_dir);
   if (!config.ok()) return config.status();
-  return StartNodeReporter(std::make_unique<ApiClient>(*std::move(config)), ReporterOptions{.node_name = options.node_name});
+  return StartNodeReporter(std::make_unique<ApiClient>(*std::move(config)), ReporterOptions{.node_name = options.node_name, .kubevirt_interval = options.kubevirt_interval});
 }
 
 }  // namespace vfio_agent::kube

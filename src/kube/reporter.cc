@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "curl_library.h"
+#include "vfio_gpu_agent/kube/kubevirt_reader.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
@@ -150,6 +151,17 @@ class NodeReporterImpl final : public NodeReporter {
       NameThisThread("va-kube-watch");
       WatchLoop();
     });
+    return true;
+  }
+
+  bool WatchKubevirtRelease(std::function<void(const std::optional<KubevirtRelease>&)> on_release) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (on_release_ || stopping_) return false;
+      on_release_ = std::move(on_release);
+      next_kubevirt_read_ = clock_.Now();
+    }
+    cv_.notify_all();
     return true;
   }
 
@@ -514,14 +526,19 @@ class NodeReporterImpl final : public NodeReporter {
     while (!stopping_) {
       ReportStats(lock);
       if (stopping_) break;
-      const bool work = ConditionDue() || !events_.empty() || !LabelsDue().empty() || HeartbeatDue();
+      const bool work =
+          ConditionDue() || !events_.empty() || !LabelsDue().empty() || HeartbeatDue() || KubevirtReadDue();
       if (!work) {
-        clock_.WaitUntil(cv_, lock, NextHeartbeat());
+        clock_.WaitUntil(cv_, lock, std::min(NextHeartbeat(), NextKubevirtRead()));
         continue;
       }
       const TimePoint now = clock_.Now();
       if (now < retry_at_) {
         clock_.WaitUntil(cv_, lock, retry_at_);
+        continue;
+      }
+      if (KubevirtReadDue()) {
+        ReadKubevirt(lock, now);
         continue;
       }
       if (!node_known_) {
@@ -544,6 +561,54 @@ class NodeReporterImpl final : public NodeReporter {
         PatchCondition(lock, now, /*heartbeat=*/true);
       }
     }
+  }
+
+  // --- the KubeVirt release (on the worker; a read, so no write token) ---
+
+  TimePoint NextKubevirtRead() const { return on_release_ ? next_kubevirt_read_ : TimePoint::max(); }
+  bool KubevirtReadDue() const { return on_release_ && clock_.Now() >= next_kubevirt_read_; }
+
+  // The first item's status.observedKubeVirtVersion: KubeVirt runs one CR per cluster.
+  static std::optional<KubevirtRelease> ReleaseOfList(const Json& list) {
+    if (!list.is_object() || !list.contains("items") || !list["items"].is_array()) return std::nullopt;
+    for (const Json& item : list["items"]) {
+      if (!item.is_object() || !item.contains("status") || !item["status"].is_object()) continue;
+      const Json& status = item["status"];
+      if (status.contains("observedKubeVirtVersion") && status["observedKubeVirtVersion"].is_string()) {
+        return ParseKubevirtRelease(status["observedKubeVirtVersion"].get<std::string>());
+      }
+    }
+    return std::nullopt;
+  }
+
+  void ReadKubevirt(std::unique_lock<std::mutex>& lock, TimePoint now) {
+    lock.unlock();
+    Outcome outcome = Request("GET", kKubevirtsPath, "", "", options_.request_timeout);
+    lock.lock();
+    std::optional<KubevirtRelease> release;
+    if (outcome.ok()) {
+      Succeeded();
+      release = ReleaseOfList(outcome.body);
+    } else if (outcome.failure == Failure::kNotFound || outcome.failure == Failure::kForbidden) {
+      // Not a passing fault: KubeVirt is not installed, or RBAC does not let us read its CR. Unknown, asked again
+      // at the next interval.
+      if (!kubevirt_unreadable_logged_) {
+        spdlog::info("node {}: no KubeVirt release ({}); the device plugin's --vfio-backend auto takes the newest "
+                     "release's nodes", options_.node_name, outcome.detail);
+        kubevirt_unreadable_logged_ = true;
+      }
+    } else {
+      Failed(outcome, now);  // next_kubevirt_read_ stays due: read again after the backoff
+      return;
+    }
+    next_kubevirt_read_ = now + options_.kubevirt_interval;
+    if (delivered_release_ && *delivered_release_ == release) return;
+    spdlog::info("node {}: KubeVirt release {}", options_.node_name, release ? release->text : "unknown");
+    delivered_release_ = release;
+    const std::function<void(const std::optional<KubevirtRelease>&)> on_release = on_release_;
+    lock.unlock();
+    on_release(release);
+    lock.lock();
   }
 
   // The node's uid (for events), resourceVersion (for the patch precondition) and our condition as stored.
@@ -815,6 +880,12 @@ class NodeReporterImpl final : public NodeReporter {
   static constexpr std::chrono::milliseconds kWatchBackoffMax{30000};
   std::function<void(const std::map<std::string, std::string>&)> on_labels_;
   std::optional<std::map<std::string, std::string>> delivered_labels_;
+
+  // WatchKubevirtRelease: set once under mutex_, then the worker's.
+  std::function<void(const std::optional<KubevirtRelease>&)> on_release_;
+  TimePoint next_kubevirt_read_ = TimePoint::max();
+  std::optional<std::optional<KubevirtRelease>> delivered_release_;  // outer nullopt: nothing told yet
+  bool kubevirt_unreadable_logged_ = false;
 
   std::thread worker_;  // started in the constructor's body, once every member is initialised
   std::thread watcher_;  // started by WatchLabels

@@ -38,6 +38,11 @@ struct ReporterOptions {
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(60);
   std::chrono::seconds heartbeat_interval = std::chrono::minutes(5);  // 12 requests an hour at most
+  // How often WatchKubevirtRelease reads the KubeVirt CR again: KubeVirt may be upgraded across v1.9 while the agent
+  // runs, and the device plugin's --vfio-backend auto must follow what the new release's plugin hands out. Nothing
+  // announces an upgrade to a node agent short of a watch of the CR, and an hour-late switch only changes what a VM
+  // started in that hour is handed beyond what it opens (the cdevs): one request an hour is cheaper.
+  std::chrono::milliseconds kubevirt_interval = std::chrono::hours(1);
 };
 
 // Starts the worker; it sends nothing until there is something to write.

@@ -14,11 +14,20 @@ std::optional<VfioBackend> ParseVfioBackend(std::string_view name) {
   return std::nullopt;
 }
 
-absl::StatusOr<std::vector<std::string>> VfioBackendNodes(VfioBackend backend, const std::vector<std::string>& cdevs,
-                                                          std::optional<int> iommu_group, bool host_iommufd,
-                                                          std::string_view what) {
+std::string_view VfioNodeSetName(VfioNodeSet set) {
+  switch (set) {
+    case VfioNodeSet::kLegacy: return "legacy";
+    case VfioNodeSet::kLegacyAndCdevs: return "legacy+cdevs";
+    case VfioNodeSet::kIommufd: return "iommufd";
+  }
+  return "legacy";
+}
+
+absl::StatusOr<std::vector<std::string>> VfioNodes(VfioNodeSet set, const std::vector<std::string>& cdevs,
+                                                   std::optional<int> iommu_group, bool host_iommufd,
+                                                   std::string_view what) {
   std::vector<std::string> nodes;
-  if (backend == VfioBackend::kIommufd) {
+  if (set == VfioNodeSet::kIommufd) {
     if (!host_iommufd) {
       return absl::FailedPreconditionError(absl::StrCat(std::string(what), ": iommufd asked for, but the node has no /dev/iommu"));
     }
@@ -33,6 +42,9 @@ absl::StatusOr<std::vector<std::string>> VfioBackendNodes(VfioBackend backend, c
   if (!iommu_group) return absl::FailedPreconditionError(absl::StrCat(std::string(what), ": the legacy VFIO backend needs an IOMMU group"));
   nodes.push_back("/dev/vfio/vfio");
   nodes.push_back(absl::StrCat("/dev/vfio/", *iommu_group));
+  if (set == VfioNodeSet::kLegacyAndCdevs) {
+    for (const std::string& cdev : cdevs) nodes.push_back("/dev/vfio/devices/" + cdev);
+  }
   return nodes;
 }
 

@@ -59,16 +59,4 @@ absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::str
   return static_cast<uint16_t>(bytes[0] | (bytes[1] << 8));
 }
 
-std::vector<std::string> VfioDeviceNodes(const std::vector<std::string>& cdevs, std::optional<int> iommu_group,
-                                         bool iommufd) {
-  std::vector<std::string> nodes;
-  if (iommufd) {
-    for (const std::string& cdev : cdevs) nodes.push_back("/dev/vfio/devices/" + cdev);
-  }
-  nodes.push_back("/dev/vfio/vfio");
-  if (iommu_group) nodes.push_back(absl::StrCat("/dev/vfio/", *iommu_group));
-  if (iommufd) nodes.push_back("/dev/iommu");
-  return nodes;
-}
-
 }  // namespace vfio_agent::pci

@@ -186,6 +186,11 @@ class Agent::Impl {
     }
     wakeup_.Notify();
   }
+  void SetKubevirtRelease(const std::optional<kube::KubevirtRelease>& release);
+  pci::VfioNodeSet NodeSet() const {
+    std::lock_guard lock(node_set_mu_);
+    return node_set_;
+  }
 
  private:
   // A shared source (ServeOptions::source) is rescanned by its owner; the agent only listens.
@@ -257,9 +262,38 @@ class Agent::Impl {
   DeviceSnapshot vgpu_previous_;
   vgpu::Framework vgpu_framework_ = vgpu::Framework::kNone;
   std::set<std::string> vgpu_problems_;
+
+  // The resolved --vfio-backend: written by SetKubevirtRelease (any thread), read by Build on the scanner.
+  mutable std::mutex node_set_mu_;
+  std::optional<kube::KubevirtRelease> release_;  // the last told; Start resolves from it too
+  pci::VfioNodeSet node_set_ = pci::VfioNodeSet::kLegacy;
 };
 
+void Agent::Impl::SetKubevirtRelease(const std::optional<kube::KubevirtRelease>& release) {
+  const pci::VfioNodeSet next = ResolveNodeSet(options_.vfio_backend, release);
+  {
+    std::lock_guard lock(node_set_mu_);
+    release_ = release;
+    if (next == node_set_) return;
+    spdlog::info("VFIO nodes: {} (--vfio-backend {}, KubeVirt release {}), was {}; publishing again",
+                 pci::VfioNodeSetName(next), VfioBackendChoiceName(options_.vfio_backend),
+                 release ? release->text : "unknown", pci::VfioNodeSetName(node_set_));
+    node_set_ = next;
+  }
+  RescanNow();
+}
+
 absl::Status Agent::Impl::Start() {
+  if (absl::Status host = CheckHostSupports(options_.vfio_backend, options_.paths.dev_root); !host.ok()) return host;
+  {
+    std::lock_guard lock(node_set_mu_);
+    node_set_ = ResolveNodeSet(options_.vfio_backend, release_);
+    spdlog::info("VFIO nodes: {} (--vfio-backend {}{})", pci::VfioNodeSetName(node_set_),
+                 VfioBackendChoiceName(options_.vfio_backend),
+                 options_.vfio_backend != VfioBackendChoice::kAuto ? ""
+                 : release_                                         ? ", KubeVirt release " + release_->text
+                                                                    : ", KubeVirt release not known yet");
+  }
   if (absl::Status status = dirs_.Open(); !status.ok()) return status;
   std::error_code ec;
   std::filesystem::create_directories(options_.paths.kubelet_dir, ec);
@@ -495,10 +529,15 @@ std::optional<DeviceSnapshot> Agent::Impl::BuildFromSysfs(std::shared_ptr<const 
 }
 
 DeviceSnapshot Agent::Impl::Build(const node::State& state) {
-  if (options_.workload == Workload::kVmVgpu) return BuildVgpu(state);
-  DeviceSnapshot next = WholeDevicesOf(state.snapshot, remembered_);
-  if (fabric_) MarkUnusable(next, [this](const std::string& id) { return fabric_->Unusable(id); });
-  remembered_ = AdvertisedIds(next);
+  DeviceSnapshot next;
+  if (options_.workload == Workload::kVmVgpu) {
+    next = BuildVgpu(state);
+  } else {
+    next = WholeDevicesOf(state.snapshot, remembered_);
+    if (fabric_) MarkUnusable(next, [this](const std::string& id) { return fabric_->Unusable(id); });
+    remembered_ = AdvertisedIds(next);
+  }
+  ApplyNodeSet(next, NodeSet(), options_.paths.dev_root);
   return next;
 }
 
@@ -587,12 +626,13 @@ void Agent::Impl::Apply(DeviceSnapshot next) {
     ResourceDevices devices = it != snapshot_.resources.end() ? it->second : kNone;
     devices.resource_name = name;
     if (options_.cdi) {
-      if (absl::Status status = WriteCdiSpec(options_.cdi_dir, devices, snapshot_.iommufd); !status.ok()) {
+      if (absl::Status status = WriteCdiSpec(options_.cdi_dir, devices, snapshot_.node_set, snapshot_.iommufd);
+          !status.ok()) {
         spdlog::error("{}: CDI spec: {}", name, status.ToString());
       }
     }
     // A resource whose GPUs all left stays registered with an empty list (capacity 0, R7).
-    if (resource.server) resource.server->Update(devices, snapshot_.iommufd);
+    if (resource.server) resource.server->Update(devices, snapshot_.node_set, snapshot_.iommufd);
   }
 }
 
@@ -694,7 +734,7 @@ void Agent::Impl::Serve(Resource& resource) {
   auto it = snapshot_.resources.find(name);
   ResourceDevices devices = it != snapshot_.resources.end() ? it->second : kNone;
   devices.resource_name = name;
-  if (absl::Status status = server->Start(devices, snapshot_.iommufd); !status.ok()) {
+  if (absl::Status status = server->Start(devices, snapshot_.node_set, snapshot_.iommufd); !status.ok()) {
     spdlog::error("{}: {}; retrying in 1 s", name, status.ToString());
     resource.next_serve = Clock::now() + milliseconds(1000);
     return;
@@ -804,6 +844,10 @@ Agent::~Agent() = default;
 absl::Status Agent::Start() { return impl_->Start(); }
 void Agent::Stop() { impl_->Stop(); }
 void Agent::RescanNow() { impl_->RescanNow(); }
+void Agent::SetKubevirtRelease(const std::optional<kube::KubevirtRelease>& release) {
+  impl_->SetKubevirtRelease(release);
+}
+pci::VfioNodeSet Agent::NodeSet() const { return impl_->NodeSet(); }
 DeviceSnapshot Agent::Snapshot() const { return impl_->Snapshot(); }
 std::vector<ResourceStatus> Agent::Resources() const { return impl_->Resources(); }
 std::optional<fabric::FabricStatus> Agent::Fabric() const { return impl_->Fabric(); }

@@ -10,7 +10,7 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/plugin/cdi.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
-#include "vfio_gpu_agent/pci/vfio_health.h"
+#include "vfio_gpu_agent/pci/vfio_backend.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -88,15 +88,17 @@ absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& res
   // KubeVirt hands the addresses to the VM's GPU slots in list order; sorting keeps that mapping stable
   // whatever order the kubelet sends.
   out.envs[resource.env_name] = absl::StrJoin(requested, ",");
-  // Per device, in the peer plugin's order (pci::VfioDeviceNodes). An mdev gets its own group node only, as
+  // Per device, in the peer plugin's order (pci::VfioNodes). An mdev gets its own group node only, as
   // KubeVirt's in-tree mdev plugin hands out (never the whole /dev/vfio).
-  const bool iommufd = resource.IommufdNodes(config.iommufd);
+  const pci::VfioNodeSet set = resource.NodeSetFor(config.node_set);
   std::set<std::string> seen;
   for (const std::string& id : requested) {
     const PluginDevice& device = *resource.Find(id);
-    for (const std::string& node : pci::VfioDeviceNodes(device.vfio_cdevs, device.iommu_group, iommufd)) {
-      AddNode(out, seen, node);
-    }
+    absl::StatusOr<std::vector<std::string>> nodes =
+        pci::VfioNodes(set, device.vfio_cdevs, device.iommu_group, config.host_iommufd,
+                       absl::StrCat(resource.resource_name, " ", id));
+    if (!nodes.ok()) return nodes.status();
+    for (const std::string& node : *nodes) AddNode(out, seen, node);
     if (config.cdi) out.cdi_devices.push_back(CdiDeviceName(resource.resource_name, id));
   }
   return out;

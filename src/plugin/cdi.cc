@@ -6,7 +6,7 @@
 #include "cdi/v1/spec.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "vfio_gpu_agent/common/fs.h"
-#include "vfio_gpu_agent/pci/vfio_health.h"
+#include "vfio_gpu_agent/pci/vfio_backend.h"
 
 namespace vfio_agent::plugin {
 namespace {
@@ -58,18 +58,19 @@ std::filesystem::path CdiSpecPath(const std::filesystem::path& cdi_dir, std::str
   return cdi_dir / ("vfio-gpu-agent_" + name + ".json");
 }
 
-std::string CdiSpecJson(const ResourceDevices& resource, bool host_iommufd) {
-  const bool iommufd = resource.IommufdNodes(host_iommufd);
+std::string CdiSpecJson(const ResourceDevices& resource, pci::VfioNodeSet node_set, bool host_iommufd) {
+  const pci::VfioNodeSet set = resource.NodeSetFor(node_set);
   cdi::v1::Spec spec;
   spec.set_cdi_version(RequiredCdiVersion(resource));
   spec.set_kind(resource.resource_name);
   for (const PluginDevice& device : resource.devices) {
+    absl::StatusOr<std::vector<std::string>> nodes =
+        pci::VfioNodes(set, device.vfio_cdevs, device.iommu_group, host_iommufd, device.id);
+    if (!nodes.ok()) continue;
     cdi::v1::Device* entry = spec.add_devices();
     entry->set_name(device.id);
     cdi::v1::ContainerEdits* edits = entry->mutable_container_edits();
-    for (const std::string& node : pci::VfioDeviceNodes(device.vfio_cdevs, device.iommu_group, iommufd)) {
-      AddNode(edits, node);
-    }
+    for (const std::string& node : *nodes) AddNode(edits, node);
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -78,12 +79,13 @@ std::string CdiSpecJson(const ResourceDevices& resource, bool host_iommufd) {
   return json;
 }
 
-absl::Status WriteCdiSpec(const std::filesystem::path& cdi_dir, const ResourceDevices& resource, bool iommufd) {
+absl::Status WriteCdiSpec(const std::filesystem::path& cdi_dir, const ResourceDevices& resource,
+                          pci::VfioNodeSet node_set, bool host_iommufd) {
   if (absl::Status kind = ValidateCdiKind(resource.resource_name); !kind.ok()) return kind;
   std::error_code ec;
   std::filesystem::create_directories(cdi_dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("create ", cdi_dir.string(), ": ", ec.message()));
-  return fs::WriteFileAtomically(CdiSpecPath(cdi_dir, resource.resource_name), CdiSpecJson(resource, iommufd));
+  return fs::WriteFileAtomically(CdiSpecPath(cdi_dir, resource.resource_name), CdiSpecJson(resource, node_set, host_iommufd));
 }
 
 }  // namespace vfio_agent::plugin

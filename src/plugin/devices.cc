@@ -1,5 +1,8 @@
 #include "vfio_gpu_agent/plugin/devices.h"
 
+#include "absl/strings/str_cat.h"
+#include "vfio_gpu_agent/common/fs.h"
+
 #include <algorithm>
 
 #include "vfio_gpu_agent/pci/vfio_health.h"
@@ -61,6 +64,28 @@ void MarkUnusable(DeviceSnapshot& snapshot, const std::function<std::string(cons
       if (reason.empty()) continue;
       device.healthy = false;
       device.unhealthy_reason = std::move(reason);
+    }
+  }
+}
+
+void ApplyNodeSet(DeviceSnapshot& snapshot, pci::VfioNodeSet set, const std::filesystem::path& dev_root) {
+  snapshot.node_set = set;
+  for (auto& [name, resource] : snapshot.resources) {
+    const pci::VfioNodeSet mine = resource.NodeSetFor(set);
+    const std::string what = absl::StrCat("VFIO nodes ", std::string(pci::VfioNodeSetName(mine)));
+    for (PluginDevice& device : resource.devices) {
+      if (!device.healthy) continue;
+      absl::StatusOr<std::vector<std::string>> nodes =
+          pci::VfioNodes(mine, device.vfio_cdevs, device.iommu_group, snapshot.iommufd, what);
+      if (!nodes.ok()) {
+        device.healthy = false;
+        device.unhealthy_reason = std::string(nodes.status().message());
+      } else if (mine != pci::VfioNodeSet::kIommufd && snapshot.iommufd && device.iommu_group &&
+                 !fs::Exists(dev_root / "vfio" / std::to_string(*device.iommu_group))) {
+        device.healthy = false;
+        device.unhealthy_reason = absl::StrCat("no /dev/vfio/", *device.iommu_group, " for the ", std::string(pci::VfioNodeSetName(mine)),
+                                               " VFIO nodes (an iommufd-only host: --vfio-backend iommufd)");
+      }
     }
   }
 }

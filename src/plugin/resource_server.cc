@@ -276,14 +276,14 @@ ResourceServer::ResourceServer(std::string resource_name, std::filesystem::path 
 
 ResourceServer::~ResourceServer() { Shutdown(false); }
 
-absl::Status ResourceServer::Start(const ResourceDevices& devices, bool iommufd) {
+absl::Status ResourceServer::Start(const ResourceDevices& devices, pci::VfioNodeSet node_set, bool host_iommufd) {
   if (socket_.string().size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path too long for sun_path: ", socket_.string()));
   }
   if (SomeoneListens(socket_)) {
     return absl::AlreadyExistsError(absl::StrCat("another server answers on ", socket_.string()));
   }
-  Update(devices, iommufd);
+  Update(devices, node_set, host_iommufd);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket_.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service_);
@@ -346,13 +346,16 @@ std::shared_ptr<const ResourceServer::State> ResourceServer::state() const {
   return state_;
 }
 
-void ResourceServer::Update(const ResourceDevices& devices, bool iommufd) {
+void ResourceServer::Update(const ResourceDevices& devices, pci::VfioNodeSet node_set, bool host_iommufd) {
   auto next = std::make_shared<State>();
   next->devices = devices;
-  next->iommufd = iommufd;
+  next->node_set = node_set;
+  next->host_iommufd = host_iommufd;
   auto payload = MakePayload(ToListAndWatch(devices));
   std::lock_guard lock(mu_);
-  if (state_ && state_->devices == devices && state_->iommufd == iommufd) return;
+  if (state_ && state_->devices == devices && state_->node_set == node_set && state_->host_iommufd == host_iommufd) {
+    return;
+  }
   state_ = std::move(next);
   payload_ = payload;
   for (DeviceStream* stream : streams_) stream->Push(payload);
@@ -465,7 +468,7 @@ grpc::Status ResourceServer::Allocate(const v1beta1::AllocateRequest& request, v
     if (observer_ != nullptr) observer_->OnAllocate(resource_name_, ok, std::chrono::steady_clock::now() - start);
   };
   std::shared_ptr<const State> current = state();
-  const AllocateConfig config{.iommufd = current->iommufd, .cdi = cdi_};
+  const AllocateConfig config{.node_set = current->node_set, .host_iommufd = current->host_iommufd, .cdi = cdi_};
   // One line per call: the kubelet makes one per container that asks for the resource, i.e. per VM pod admitted.
   std::vector<std::string> granted;
   for (const v1beta1::ContainerAllocateRequest& container : request.container_requests()) {

@@ -62,9 +62,10 @@ class ResourceServer final {
   ~ResourceServer();  // Shutdown(false)
 
   // Binds (refusing a socket another live server answers on) and serves `devices`.
-  absl::Status Start(const ResourceDevices& devices, bool iommufd);
-  // New device set: sent at once to every open stream, unless identical to what that stream last got.
-  void Update(const ResourceDevices& devices, bool iommufd);
+  // `node_set` and `host_iommufd`: what Allocate hands out (AllocateConfig).
+  absl::Status Start(const ResourceDevices& devices, pci::VfioNodeSet node_set, bool host_iommufd);
+  // New device set (or node set): sent at once to every open stream, unless identical to what that stream last got.
+  void Update(const ResourceDevices& devices, pci::VfioNodeSet node_set, bool host_iommufd);
   // Ends every stream (after an empty device list when `deregister`), stops the server and releases the
   // socket path (gRPC unlinks it). Idempotent.
   void Shutdown(bool deregister);
@@ -81,7 +82,8 @@ class ResourceServer final {
   friend class UnaryCall;
   struct State {
     ResourceDevices devices;
-    bool iommufd = false;
+    pci::VfioNodeSet node_set = pci::VfioNodeSet::kLegacy;
+    bool host_iommufd = false;
   };
   std::shared_ptr<const State> state() const;
 

@@ -191,6 +191,7 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .model = &model,
                 .expected = &expected, .workload = options.workload};
   if (vgpu_node) node.vgpu = &vgpu_state.view;
+  if (!options.dra) node.vfio_backend = options.vfio_backend;
 
   // --bind-on-prepare: layer 2 wants on vfio only what a prepared claim holds.
   std::optional<absl::StatusOr<dra::CheckpointRead>> checkpoint;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "cluster_check_util.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/plugin/vfio_backend.h"
 
 namespace vfio_agent::validation {
 namespace {
@@ -15,32 +16,22 @@ namespace {
 using cluster::MakeCheck;
 constexpr std::string_view kIommufdGate = "IOMMUFD";
 
-}  // namespace
-
-std::optional<std::pair<int, int>> KubevirtMinorVersion(std::string_view version) {
-  if (version.starts_with('v')) version.remove_prefix(1);
-  // Leading digits of `text` as a number, and the rest; nullopt without a digit.
-  auto number = [](std::string_view& text) -> std::optional<int> {
-    size_t digits = 0;
-    int value = 0;
-    while (digits < text.size() && digits < 6 && text[digits] >= '0' && text[digits] <= '9') {
-      value = value * 10 + (text[digits++] - '0');
-    }
-    if (digits == 0) return std::nullopt;
-    text.remove_prefix(digits);
-    return value;
-  };
-  const std::optional<int> major = number(version);
-  if (!major || !version.starts_with('.')) return std::nullopt;
-  version.remove_prefix(1);
-  const std::optional<int> minor = number(version);
-  if (!minor) return std::nullopt;
-  return std::pair{*major, *minor};
+std::string NodeSetText(pci::VfioNodeSet set) {
+  switch (set) {
+    case pci::VfioNodeSet::kLegacy: return "the legacy nodes (/dev/vfio/vfio, /dev/vfio/<group>)";
+    case pci::VfioNodeSet::kLegacyAndCdevs:
+      return "the legacy nodes and the cdevs (/dev/vfio/vfio, /dev/vfio/<group>, /dev/vfio/devices/vfioN), as "
+             "KubeVirt >= v1.9's own PCI plugin";
+    case pci::VfioNodeSet::kIommufd: return "the iommufd nodes only (/dev/vfio/devices/vfioN, /dev/iommu)";
+  }
+  return "";
 }
 
+}  // namespace
+
 bool KubevirtEnablesIommufd(const KubevirtCr& cr) {
-  const std::optional<std::pair<int, int>> version = KubevirtMinorVersion(cr.observed_version);
-  return version && *version >= std::pair{1, 9} &&
+  const std::optional<kube::KubevirtRelease> release = kube::ParseKubevirtRelease(cr.observed_version);
+  return release && kube::HandsOutCdevs(*release) &&
          std::find(cr.feature_gates.begin(), cr.feature_gates.end(), kIommufdGate) != cr.feature_gates.end();
 }
 
@@ -84,7 +75,38 @@ Check VfioBackendCheck(const NodeView& node, const KubevirtCr& cr) {
           ? absl::StrCat("KubeVirt ", cr.observed_version, " with the IOMMUFD gate opens iommufd")
           : absl::StrCat("KubeVirt ", cr.observed_version.empty() ? "(version not reported)" : cr.observed_version,
                          " opens the legacy nodes only (iommufd needs >= v1.9 and the IOMMUFD feature gate)");
-  const std::string message = absl::StrCat("the node offers ", absl::StrJoin(offered, " and "), "; ", kubevirt);
+  std::string message = absl::StrCat("the node offers ", absl::StrJoin(offered, " and "), "; ", kubevirt);
+  if (node.vfio_backend) {
+    // The device plugin: one node set for the node, resolved as the agent resolves it.
+    const plugin::VfioBackendChoice choice = *node.vfio_backend;
+    const pci::VfioNodeSet set = plugin::ResolveNodeSet(choice, kube::ParseKubevirtRelease(cr.observed_version));
+    evidence.push_back({"--vfio-backend", std::string(plugin::VfioBackendChoiceName(choice))});
+    absl::StrAppend(&message, "; the device plugin hands out ", NodeSetText(set), " (--vfio-backend ",
+                    std::string(plugin::VfioBackendChoiceName(choice)), ")");
+    if (set == pci::VfioNodeSet::kIommufd && !host_iommufd) {
+      return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kFail, message, std::move(evidence),
+                       absl::StrCat("The agent refuses to start with --vfio-backend iommufd without ", iommu.string(),
+                                    ": load the iommufd module (kernel >= 6.2), or use --vfio-backend auto"));
+    }
+    if (set == pci::VfioNodeSet::kIommufd && !iommufd) {
+      return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kFail, message, std::move(evidence),
+                       "A selected GPU has no VFIO cdev under /dev/vfio/devices (vfio-pci of a kernel >= 6.2 with "
+                       "VFIO_DEVICE_CDEV makes one): the device plugin advertises it Unhealthy under --vfio-backend "
+                       "iommufd");
+    }
+    if (set == pci::VfioNodeSet::kIommufd && !kubevirt_iommufd) {
+      return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kFail, message, std::move(evidence),
+                       "A VM handed the iommufd nodes only needs KubeVirt >= v1.9 with IOMMUFD in "
+                       "spec.configuration.developerConfiguration.featureGates; enable it, or run the agent with "
+                       "--vfio-backend auto (the chart's vfioBackend)");
+    }
+    if (set != pci::VfioNodeSet::kIommufd && !legacy) {
+      return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kFail, message, std::move(evidence),
+                       "The node has no legacy group nodes (a kernel without VFIO_GROUP): run the agent with "
+                       "--vfio-backend iommufd and KubeVirt >= v1.9 with its IOMMUFD gate");
+    }
+    return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kPass, message, std::move(evidence));
+  }
   if (!legacy && !kubevirt_iommufd) {
     return MakeCheck("kubevirt.vfio_backend", Layer::kKubevirt, "node", Result::kFail, message, std::move(evidence),
                      "Give KubeVirt the legacy group nodes (a kernel with VFIO_CONTAINER / VFIO_GROUP), or run "

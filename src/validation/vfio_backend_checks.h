@@ -8,12 +8,11 @@
 #include <utility>
 
 #include "kubevirt_cr.h"
+#include "vfio_gpu_agent/kube/kubevirt_release.h"
 #include "vfio_gpu_agent/validation/check.h"
 
 namespace vfio_agent::validation {
 
-// "v1.9.0" / "1.10.2-rc.1" -> (1, 9) / (1, 10); nullopt for anything else.
-std::optional<std::pair<int, int>> KubevirtMinorVersion(std::string_view version);
 // Whether KubeVirt hands a VM iommufd: >= 1.9 and the IOMMUFD gate on.
 bool KubevirtEnablesIommufd(const KubevirtCr& cr);
 Check VfioBackendCheck(const NodeView& node, const KubevirtCr& cr);

@@ -235,6 +235,72 @@ TEST_F(RunProcessTest, SteadyStateSendsNoApiRequests) {
   EXPECT_TRUE(all_sent());
 }
 
+// --vfio-backend auto follows the KubeVirt release the CR shows, as KubeVirt's own PCI plugin would hand out: v1.8.1
+// gives a VM the legacy nodes only; after an upgrade to v1.9.0 (read again within --kubevirt-interval) Allocate adds
+// the GPU's cdev. Never /dev/iommu, and never a mix with it (issue 32).
+TEST_F(RunProcessTest, AutoVfioBackendFollowsTheKubevirtReleaseInAllocate) {
+  if (!sim::KubeApiSim::Available()) GTEST_SKIP() << "python3 missing";
+  Boot();
+  const std::string kubeconfig = StartApi();
+  const auto crs = [](const std::string& version) {
+    return absl::StrCat(R"(kubevirts [{"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": )",
+                        R"("kubevirt", "namespace": "kubevirt"}, "status": {"observedKubeVirtVersion": ")", version,
+                        R"("}}])");
+  };
+  ASSERT_TRUE(api_->Control(crs("v1.8.1")).ok());
+  StartRun({"--kubeconfig", kubeconfig, "--node-name", "node-a", "--kubevirt-interval", "1000"});
+  ASSERT_TRUE(run_->WaitReady());
+  ASSERT_TRUE(node_->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(WaitUntil([&] { return run_->Log().find("KubeVirt release v1.8.1") != std::string::npos; }));
+  // The release is handed to the agent by the next pass; then every Allocate answers with its set.
+  const auto paths = [&](const std::string& pod) {
+    std::vector<std::string> out;
+    auto admitted = node_->kubelet().Admit({.name = pod, .limits = {{kH200, 1}}});
+    if (!admitted.ok()) return std::vector<std::string>{admitted.status().ToString()};
+    for (const auto& spec : admitted->responses.at(kH200).devices()) out.push_back(spec.host_path());
+    node_->kubelet().Release(pod);
+    return out;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return run_->Log().find("VFIO nodes: legacy (--vfio-backend auto, KubeVirt release v1.8.1)") != std::string::npos; }));
+  const std::vector<std::string> old = paths("vm-old");
+  ASSERT_EQ(old.size(), 2u) << ::testing::PrintToString(old);
+  EXPECT_EQ(old[0], "/dev/vfio/vfio");
+  EXPECT_THAT(old[1], ::testing::MatchesRegex("/dev/vfio/[0-9]+"));
+
+  ASSERT_TRUE(api_->Control(crs("v1.9.0")).ok());
+  ASSERT_TRUE(WaitUntil([&] { return run_->Log().find("VFIO nodes: legacy+cdevs") != std::string::npos; }));
+  std::vector<std::string> upgraded;
+  // Published again (the rescan it asked for) before an Allocate is sure to see it.
+  ASSERT_TRUE(WaitUntil([&] {
+    upgraded = paths("vm-new");
+    return upgraded.size() == 3u;
+  })) << ::testing::PrintToString(upgraded);
+  EXPECT_EQ(upgraded[0], "/dev/vfio/vfio");
+  EXPECT_THAT(upgraded[1], ::testing::MatchesRegex("/dev/vfio/[0-9]+"));
+  EXPECT_THAT(upgraded[2], ::testing::MatchesRegex("/dev/vfio/devices/vfio[0-9]+"));
+  EXPECT_EQ(std::count(upgraded.begin(), upgraded.end(), "/dev/iommu"), 0);
+}
+
+// --vfio-backend iommufd on a host without /dev/iommu: the agent refuses to start, naming the path.
+TEST_F(RunProcessTest, IommufdBackendWithoutDevIommuRefusesToStart) {
+  Boot();
+  ASSERT_FALSE(std::filesystem::exists(node_->options.paths.dev_root / "iommu"));
+  StartRun({"--vfio-backend", "iommufd"});
+  ASSERT_TRUE(WaitUntil([&] { return run_->ExitedOnItsOwn().has_value(); }));
+  EXPECT_THAT(run_->Log(), HasSubstr((node_->options.paths.dev_root / "iommu").string()));
+}
+
+TEST(RunCommandTest, VfioBackendIsRefusedWithDraNamingTheDeviceClass) {
+  FILE* pipe = ::popen(VA_AGENT_BIN " run --kubelet-api dra --vfio-backend legacy 2>&1", "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_THAT(out, HasSubstr("the claim's DeviceClass picks the backend in DRA"));
+}
+
 // A kubelet restart while `run` serves: the plugin registers again and the Node gets a KubeletRestarted
 // event; a second restart is a repeat of it, so it becomes that Event's series, not a new object.
 TEST_F(RunProcessTest, KubeletRestartReregistersAndIsAnEventSeriesOnTheNode) {

@@ -85,8 +85,16 @@ class DraVgpuTest : public kube::testing::KubeApiSimTest {
   void TearDown() override { driver_.reset(); }
 
   // The node with the vGPUs of `config` (tests/vgpu/profile_configs.h) made by the profile applier.
-  void StartSim(const char* node_file, const std::string& config) {
-    auto sim = sim::SimProcess::Start(sim::NodeFile(node_file), dir_.path() / "root");
+  // `iommufd`: the node file's host with /dev/iommu (platform.iommufd).
+  void StartSim(const char* node_file, const std::string& config, bool iommufd = false) {
+    std::filesystem::path node_path = sim::NodeFile(node_file);
+    if (iommufd) {
+      Json node = Json::parse(ReadFile(node_path));
+      node["platform"]["iommufd"] = true;
+      node_path = dir_.path() / node_file;
+      std::ofstream(node_path) << node.dump();
+    }
+    auto sim = sim::SimProcess::Start(node_path, dir_.path() / "root");
     ASSERT_TRUE(sim.ok()) << sim.status();
     sim_ = *std::move(sim);
     auto file = vgpu::ParseVgpuConfig(testing::kSimNodeProfileConfigs);
@@ -152,15 +160,20 @@ class DraVgpuTest : public kube::testing::KubeApiSimTest {
     return devices;
   }
 
+  // `device_class`: every request's spec.devices.requests[].exactly.deviceClassName ("" = none named).
   void AddClaim(const std::string& name, const std::string& uid, const std::vector<std::string>& device_names,
-                Json annotations = Json::object()) {
+                Json annotations = Json::object(), const std::string& device_class = "") {
     Json results = Json::array();
     for (size_t i = 0; i < device_names.size(); ++i) {
       results.push_back(
           {{"request", absl::StrCat("vgpu", i)}, {"driver", kDriver}, {"pool", kPool}, {"device", device_names[i]}});
     }
+    Json requests = Json::array();
+    for (size_t i = 0; i < device_names.size() && !device_class.empty(); ++i) {
+      requests.push_back({{"name", absl::StrCat("vgpu", i)}, {"exactly", {{"deviceClassName", device_class}}}});
+    }
     Json claim = {{"metadata", {{"namespace", "vms"}, {"name", name}, {"uid", uid}, {"annotations", annotations}}},
-                  {"spec", {{"devices", {{"requests", Json::array()}}}}},
+                  {"spec", {{"devices", {{"requests", requests}}}}},
                   {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
     ASSERT_TRUE(api_->Control("claim " + claim.dump()).ok());
   }
@@ -330,6 +343,51 @@ TEST_F(DraVgpuTest, PreparesAnSriovClaimWithTheVfsGroupNodeAndItsAddressInTheMet
             Json::array({absl::StrCat("PCI_RESOURCE_NVIDIA_COM_NVIDIA_H200X-1-18C=", found.vgpus[0].bdf, ",",
                                       found.vgpus[1].bdf)}));
   EXPECT_EQ(WritesSinceApply(), std::vector<std::string>{});
+}
+
+// A VF vGPU claim gets the nodes of its DeviceClass's backend only, as a whole GPU's (issue 32: on an iommufd host it
+// used to get the group node, its cdev and /dev/iommu in one CDI spec, which Kata refuses); an mdev keeps its group.
+TEST_F(DraVgpuTest, AnSriovClaimGetsItsDeviceClassesBackendOnly) {
+  StartSim("vgpu-sriov-l40s-h200.json", "h200-small-3", /*iommufd=*/true);
+  ASSERT_TRUE(std::filesystem::exists(Paths().dev_root / "iommu"));
+  const vgpu::Discovery found = Discovered();
+  ASSERT_EQ(found.vgpus.size(), 6u);
+  absl::StatusOr<pci::Inventory> inventory = pci::Scan(Paths().sysfs_root, {.detail_vendor = 0x10de});
+  ASSERT_TRUE(inventory.ok());
+  const vgpu::SriovVgpu& vf = found.vgpus[4];
+  const pci::Function* fn = inventory->Find(vf.bdf);
+  ASSERT_TRUE(fn != nullptr && fn->iommu_group.has_value() && fn->vfio_cdevs.size() == 1u);
+  StartNode();
+  const auto paths = [&](const std::string& uid) {
+    std::vector<std::string> out;
+    const Json spec = CdiSpec(uid);
+    for (const Json& node : spec["devices"][0]["containerEdits"]["deviceNodes"]) out.push_back(node["path"]);
+    return out;
+  };
+  AddClaim("legacy", "uid-legacy", {VfDeviceName(vf.bdf)}, Json::object(), absl::StrCat("h200x-1-18c.", kDriver));
+  ASSERT_EQ(Prepare("legacy", "uid-legacy").error(), "");
+  EXPECT_EQ(paths("uid-legacy"),
+            (std::vector<std::string>{"/dev/vfio/vfio", absl::StrCat("/dev/vfio/", *fn->iommu_group)}));
+  ASSERT_TRUE(kubelet_->Unprepare(kDriver, {MakeClaim("vms", "legacy", "uid-legacy")}).ok());
+
+  AddClaim("iommufd", "uid-iommufd", {VfDeviceName(vf.bdf)}, Json::object(),
+           absl::StrCat("h200x-1-18c-iommufd.", kDriver));
+  ASSERT_EQ(Prepare("iommufd", "uid-iommufd").error(), "");
+  EXPECT_EQ(paths("uid-iommufd"),
+            (std::vector<std::string>{absl::StrCat("/dev/vfio/devices/", fn->vfio_cdevs[0]), "/dev/iommu"}));
+}
+
+TEST_F(DraVgpuTest, AnMdevClaimGetsItsGroupNodeWhateverTheClass) {
+  StartSim("vgpu-mdev-t4-a10.json", "t4-2q-2", /*iommufd=*/true);
+  const vgpu::Discovery found = Discovered();
+  ASSERT_EQ(found.mdevs.size(), 2u);
+  StartNode();
+  const vgpu::Mdev& mdev = found.mdevs[0];
+  AddClaim("vm", "uid-vm", {MdevDeviceName(mdev.uuid)}, Json::object(), absl::StrCat("grid_t4-2q-iommufd.", kDriver));
+  ASSERT_EQ(Prepare("vm", "uid-vm").error(), "");
+  EXPECT_EQ(CdiSpec("uid-vm")["devices"][0]["containerEdits"]["deviceNodes"],
+            Json::parse(absl::StrCat(R"([{"path":"/dev/vfio/vfio","permissions":"rw"},{"path":"/dev/vfio/)", Group(mdev),
+                                     R"(","permissions":"rw"}])")));
 }
 
 TEST_F(DraVgpuTest, ARemovedMdevTurnsUnhealthyAndTaintedAndCannotBePrepared) {

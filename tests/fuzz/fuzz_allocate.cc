@@ -51,7 +51,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (input.ConsumeBool()) device.vfio_cdevs.push_back(absl::StrFormat("vfio%d", input.ConsumeIntegral<uint8_t>()));
     resource.devices.push_back(std::move(device));
   }
-  plugin::AllocateConfig config{.iommufd = input.ConsumeBool(), .cdi = input.ConsumeBool()};
+  plugin::AllocateConfig config{
+      .node_set = static_cast<pci::VfioNodeSet>(input.ConsumeIntegralInRange<int>(0, 2)),
+      .host_iommufd = input.ConsumeBool(),
+      .cdi = input.ConsumeBool()};
 
   std::vector<std::string> request = ConsumeIds(input, 10);
   auto allocation = plugin::AllocateContainer(resource, config, request);

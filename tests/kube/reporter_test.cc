@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
+#include "vfio_gpu_agent/kube/kubevirt_reader.h"
 #include "config.h"
 #include "fake_clock.h"
 #include "gmock/gmock.h"
@@ -653,6 +655,98 @@ TEST_F(ReporterTest, LabelWatchDeliversLabelChangesOnlyAndListsAgainAfterGone) {
   ASSERT_TRUE(KubeApiSim::WaitFor([&] { return seen_count() == 4; }));
   std::lock_guard lock(mutex);
   EXPECT_EQ(seen[3].at("nvidia.com/vgpu.config"), "c");
+}
+
+std::string KubevirtCrs(const std::string& version) {
+  Json cr = {{"apiVersion", "kubevirt.io/v1"}, {"kind", "KubeVirt"},
+             {"metadata", {{"name", "kubevirt"}, {"namespace", "kubevirt"}}}, {"spec", Json::object()}};
+  if (!version.empty()) cr["status"] = {{"observedKubeVirtVersion", version}};
+  return "kubevirts " + Json::array({cr}).dump();
+}
+
+// --vfio-backend auto's input: one GET of the KubeVirt CRs at the start and one an hour after each read; KubeVirt
+// not installed (404) is "unknown", told once; the release is told again only when it changes (v1.8 -> v1.9, an
+// upgrade while the agent runs), and a read that fails for a passing reason tells nothing and is retried.
+TEST_F(ReporterTest, KubevirtReleaseIsReadHourlyAndToldOnChangeOnly) {
+  std::mutex mutex;
+  std::vector<std::optional<KubevirtRelease>> told;
+  auto told_count = [&] {
+    std::lock_guard lock(mutex);
+    return told.size();
+  };
+  auto reporter = Start(OnFakeClock());
+  ASSERT_TRUE(reporter->WatchKubevirtRelease([&](const std::optional<KubevirtRelease>& release) {
+    std::lock_guard lock(mutex);
+    told.push_back(release);
+  }));
+  EXPECT_FALSE(reporter->WatchKubevirtRelease([](const std::optional<KubevirtRelease>&) {}));  // at most once
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return told_count() == 1; }));
+  EXPECT_EQ(told[0], std::nullopt);
+  EXPECT_EQ(Statuses(*api_, "GET", kKubevirtsPath), std::vector<std::string>{"404"});
+  std::optional<TimePoint> next = WaitForTimedSleep();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(*next - clock_.Now(), std::chrono::hours(1));
+
+  ASSERT_TRUE(api_->Control(KubevirtCrs("v1.8.1")).ok());
+  clock_.Advance(1h);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return told_count() == 2; }));
+  ASSERT_TRUE(told[1].has_value());
+  EXPECT_EQ(told[1]->text, "v1.8.1");
+  EXPECT_FALSE(HandsOutCdevs(*told[1]));
+
+  // The same release an hour later (a patch release too): read, not told.
+  ASSERT_TRUE(api_->Control(KubevirtCrs("v1.8.2")).ok());
+  ASSERT_TRUE(WaitForTimedSleep().has_value());
+  clock_.Advance(1h);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return Statuses(*api_, "GET", kKubevirtsPath).size() == 3; }));
+  ASSERT_TRUE(WaitForTimedSleep().has_value());
+  EXPECT_EQ(told_count(), 2u);
+
+  // A 503 tells nothing; the retry after the backoff reads the upgraded release.
+  ASSERT_TRUE(api_->Control(KubevirtCrs("v1.9.0")).ok());
+  ASSERT_TRUE(api_->Control(absl::StrCat("fail GET ", kKubevirtsPath, " 503 1")).ok());
+  clock_.Advance(1h);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return Statuses(*api_, "GET", kKubevirtsPath).size() == 4; }));
+  EXPECT_EQ(told_count(), 2u);
+  clock_.Advance(2s);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return told_count() == 3; }));
+  ASSERT_TRUE(told[2].has_value());
+  EXPECT_TRUE(HandsOutCdevs(*told[2]));
+  EXPECT_EQ(Statuses(*api_, "GET", kKubevirtsPath), (std::vector<std::string>{"404", "200", "200", "503", "200"}));
+
+  // KubeVirt removed (its CRD gone): unknown again.
+  ASSERT_TRUE(api_->Control("no-kubevirt").ok());
+  ASSERT_TRUE(WaitForTimedSleep().has_value());
+  clock_.Advance(1h);
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return told_count() == 4; }));
+  EXPECT_EQ(told[3], std::nullopt);
+}
+
+// A CR without a reported version yet (the operator has not deployed) is unknown, not a release.
+TEST_F(ReporterTest, KubevirtCrWithoutAVersionIsUnknown) {
+  ASSERT_TRUE(api_->Control(KubevirtCrs("")).ok());
+  std::atomic<int> calls{0};
+  std::optional<KubevirtRelease> last = KubevirtRelease{};
+  auto reporter = Start();
+  ASSERT_TRUE(reporter->WatchKubevirtRelease([&](const std::optional<KubevirtRelease>& release) {
+    last = release;
+    ++calls;
+  }));
+  ASSERT_TRUE(KubeApiSim::WaitFor([&] { return calls.load() == 1; }));
+  EXPECT_EQ(last, std::nullopt);
+}
+
+TEST(KubevirtReleaseTest, ParsesMajorAndMinorOfWhatTheCrReports) {
+  ASSERT_TRUE(ParseKubevirtRelease("v1.10.1-rc.0").has_value());
+  EXPECT_EQ(ParseKubevirtRelease("v1.10.1-rc.0")->minor, 10);
+  EXPECT_EQ(ParseKubevirtRelease("1.9.0")->major, 1);
+  EXPECT_EQ(ParseKubevirtRelease("v1.9.0-alpha.0")->text, "v1.9.0-alpha.0");
+  EXPECT_EQ(ParseKubevirtRelease("main"), std::nullopt);
+  EXPECT_EQ(ParseKubevirtRelease(""), std::nullopt);
+  EXPECT_EQ(ParseKubevirtRelease("v1"), std::nullopt);
+  EXPECT_FALSE(HandsOutCdevs(*ParseKubevirtRelease("v1.8.99")));
+  EXPECT_TRUE(HandsOutCdevs(*ParseKubevirtRelease("v1.9.0-alpha.0")));
+  EXPECT_TRUE(HandsOutCdevs(*ParseKubevirtRelease("v2.0.0")));
 }
 
 }  // namespace

@@ -121,28 +121,37 @@ TEST(CdiValidatorTest, CatchesWhatTheSpecForbids) {
 }
 
 TEST(CdiTest, SpecIsValidCdiForBdfNamedDevices) {
-  for (bool iommufd : {false, true}) {
-    const std::string text = CdiSpecJson(Gpus("nvidia.com/GA102GL_A10", {"0000:3b:00.0", "0000:86:00.0"}), iommufd);
+  for (pci::VfioNodeSet set : {pci::VfioNodeSet::kLegacy, pci::VfioNodeSet::kLegacyAndCdevs, pci::VfioNodeSet::kIommufd}) {
+    const std::string text =
+        CdiSpecJson(Gpus("nvidia.com/GA102GL_A10", {"0000:3b:00.0", "0000:86:00.0"}), set, /*host_iommufd=*/true);
     EXPECT_THAT(CdiViolations(text), IsEmpty()) << text;
   }
 }
 
 TEST(CdiTest, AClassWithADotGetsTheVersionThatAllowsIt) {
-  const std::string text = CdiSpecJson(Gpus("example.com/A10.v2", {"0000:3b:00.0"}), false);
+  const std::string text = CdiSpecJson(Gpus("example.com/A10.v2", {"0000:3b:00.0"}), pci::VfioNodeSet::kLegacy, false);
   EXPECT_THAT(CdiViolations(text), IsEmpty()) << text;
 }
 
+// Per node set, the nodes of one backend (issue 32: the spec used to carry the group node and /dev/iommu together,
+// which Kata refuses), in KubeVirt's PCI plugin's order.
 TEST(CdiTest, DeviceNodesAreTheAllocateDevicesOfEachGpu) {
-  const json spec = json::parse(CdiSpecJson(Gpus("nvidia.com/GA102GL_A10", {"0000:3b:00.0"}), /*iommufd=*/true));
-  EXPECT_EQ(spec["kind"], "nvidia.com/GA102GL_A10");
-  ASSERT_EQ(spec["devices"].size(), 1u);
-  EXPECT_EQ(spec["devices"][0]["name"], "0000:3b:00.0");
-  std::vector<std::string> paths;
-  for (const json& node : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
-    paths.push_back(node["path"]);
-    EXPECT_EQ(node["permissions"], "rw");
-  }
-  EXPECT_THAT(paths, ElementsAre("/dev/vfio/devices/vfio74", "/dev/vfio/vfio", "/dev/vfio/73", "/dev/iommu"));
+  const auto paths_of = [](pci::VfioNodeSet set) {
+    const json spec = json::parse(CdiSpecJson(Gpus("nvidia.com/GA102GL_A10", {"0000:3b:00.0"}), set, true));
+    EXPECT_EQ(spec["kind"], "nvidia.com/GA102GL_A10");
+    EXPECT_EQ(spec["devices"].size(), 1u);
+    EXPECT_EQ(spec["devices"][0]["name"], "0000:3b:00.0");
+    std::vector<std::string> paths;
+    for (const json& node : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
+      paths.push_back(node["path"]);
+      EXPECT_EQ(node["permissions"], "rw");
+    }
+    return paths;
+  };
+  EXPECT_THAT(paths_of(pci::VfioNodeSet::kLegacy), ElementsAre("/dev/vfio/vfio", "/dev/vfio/73"));
+  EXPECT_THAT(paths_of(pci::VfioNodeSet::kLegacyAndCdevs),
+              ElementsAre("/dev/vfio/vfio", "/dev/vfio/73", "/dev/vfio/devices/vfio74"));
+  EXPECT_THAT(paths_of(pci::VfioNodeSet::kIommufd), ElementsAre("/dev/vfio/devices/vfio74", "/dev/iommu"));
   // The name Allocate hands out is the qualified CDI name of that device: kind "=" name.
   EXPECT_EQ(CdiDeviceName("nvidia.com/GA102GL_A10", "0000:3b:00.0"), "nvidia.com/GA102GL_A10=0000:3b:00.0");
 }
@@ -151,7 +160,7 @@ TEST(CdiTest, DeviceNodesAreTheAllocateDevicesOfEachGpu) {
 // a letter, e.g. the hex fallback "2342"): no invalid spec is written, and the error says why.
 TEST(CdiTest, AResourceNameThatIsNoCdiKindIsAnErrorNotAnInvalidFile) {
   testing::TempDir dir;
-  absl::Status status = WriteCdiSpec(dir.path() / "cdi", Gpus("nvidia.com/2342", {"0000:3b:00.0"}), false);
+  absl::Status status = WriteCdiSpec(dir.path() / "cdi", Gpus("nvidia.com/2342", {"0000:3b:00.0"}), pci::VfioNodeSet::kLegacy, false);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), ::testing::HasSubstr("nvidia.com/2342"));
   EXPECT_FALSE(std::filesystem::exists(CdiSpecPath(dir.path() / "cdi", "nvidia.com/2342")));
@@ -160,7 +169,7 @@ TEST(CdiTest, AResourceNameThatIsNoCdiKindIsAnErrorNotAnInvalidFile) {
 TEST(CdiTest, WritesAtomicallyIntoTheDirectory) {
   testing::TempDir dir;
   const ResourceDevices gpus = Gpus("nvidia.com/GA102GL_A10", {"0000:3b:00.0"});
-  ASSERT_TRUE(WriteCdiSpec(dir.path() / "cdi", gpus, false).ok());
+  ASSERT_TRUE(WriteCdiSpec(dir.path() / "cdi", gpus, pci::VfioNodeSet::kLegacy, false).ok());
   const auto path = CdiSpecPath(dir.path() / "cdi", "nvidia.com/GA102GL_A10");
   EXPECT_EQ(path.filename(), "vfio-gpu-agent_nvidia.com_GA102GL_A10.json");
   std::ifstream in(path);

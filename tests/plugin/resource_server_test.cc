@@ -48,7 +48,7 @@ class ResourceServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server_ = std::make_unique<ResourceServer>(TwoGpus().resource_name, socket_, false, [this] { ++streams_ended_; });
-    ASSERT_TRUE(server_->Start(TwoGpus(), false).ok());
+    ASSERT_TRUE(server_->Start(TwoGpus(), pci::VfioNodeSet::kLegacy, false).ok());
     channel_ = grpc::CreateChannel("unix:" + socket_.string(), grpc::InsecureChannelCredentials());
     stub_ = v1beta1::DevicePlugin::NewStub(channel_);
   }
@@ -135,7 +135,7 @@ TEST_F(ResourceServerTest, StreamGetsEachNewListAndAnEmptyOneWhenTheServerDeregi
 
   ResourceDevices changed = TwoGpus();
   changed.devices[1].healthy = false;
-  server_->Update(changed, false);
+  server_->Update(changed, pci::VfioNodeSet::kLegacy, false);
   ASSERT_TRUE(reader->Read(&list));
   EXPECT_EQ(list.devices(1).health(), kUnhealthy);
 
@@ -186,7 +186,7 @@ TEST_F(ResourceServerTest, ProbeStreamGetsListsButIsNeitherCountedNorReported) {
 
   ResourceDevices changed = TwoGpus();
   changed.devices[0].healthy = false;
-  server_->Update(changed, false);
+  server_->Update(changed, pci::VfioNodeSet::kLegacy, false);
   ASSERT_TRUE(probe->Read(&list));
   EXPECT_EQ(list.devices(0).health(), kUnhealthy);
 

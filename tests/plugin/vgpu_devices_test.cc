@@ -145,7 +145,8 @@ TEST_F(VgpuSnapshotTest, MdevAllocateIsByteExact) {
   std::ofstream(paths_.dev_root / "iommu") << "";  // an iommufd host: still no cdev or /dev/iommu for an mdev
   VgpuSnapshot s = Build();
   const ResourceDevices& r = s.snapshot.resources.at(kT4_1Q);
-  absl::StatusOr<ContainerAllocation> a = AllocateContainer(r, {.iommufd = true, .cdi = false}, {kMdevB, kMdevA});
+  absl::StatusOr<ContainerAllocation> a = AllocateContainer(
+      r, {.node_set = pci::VfioNodeSet::kIommufd, .host_iommufd = true, .cdi = false}, {kMdevB, kMdevA});
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->envs, (std::map<std::string, std::string>{
                          {"MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q",
@@ -165,9 +166,11 @@ TEST_F(VgpuSnapshotTest, MdevAllocateIsByteExact) {
 TEST_F(VgpuSnapshotTest, MdevCdiSpecHasTheGroupNodeOnlyAsAllocate) {
   AddT4WithMdevs();
   const ResourceDevices r = Build().snapshot.resources.at(kT4_1Q);
-  const std::string json = CdiSpecJson(r, /*host_iommufd=*/true);
-  EXPECT_THAT(json, ::testing::HasSubstr("/dev/vfio/100"));
-  EXPECT_THAT(json, ::testing::Not(::testing::HasSubstr("/dev/iommu")));
+  for (pci::VfioNodeSet set : {pci::VfioNodeSet::kLegacyAndCdevs, pci::VfioNodeSet::kIommufd}) {
+    const std::string json = CdiSpecJson(r, set, /*host_iommufd=*/true);
+    EXPECT_THAT(json, ::testing::HasSubstr("/dev/vfio/100"));
+    EXPECT_THAT(json, ::testing::Not(::testing::HasSubstr("/dev/iommu")));
+  }
 }
 
 TEST_F(VgpuSnapshotTest, MdevAllocateRefusesPciAddressesAndUnknownUuids) {
@@ -192,7 +195,9 @@ TEST_F(VgpuSnapshotTest, SriovVgpusAreVfBdfsWithPciResourceEnvAndThePfsNuma) {
   EXPECT_THAT(r.devices[0].vfio_cdevs, ::testing::ElementsAre("vfio3"));
 }
 
-TEST_F(VgpuSnapshotTest, SriovAllocateIsByteExactWithAndWithoutIommufd) {
+// A VF vGPU is handed its node set's nodes, one backend at a time (issue 32: iommufd used to add the cdev and
+// /dev/iommu beside the group node).
+TEST_F(VgpuSnapshotTest, SriovAllocateIsByteExactPerNodeSet) {
   AddL40sWithVgpus();
   const ResourceDevices r = Build().snapshot.resources.at(kL40s_1Q);
   absl::StatusOr<ContainerAllocation> legacy = AllocateContainer(r, {}, {kVf2, kVf1});
@@ -202,12 +207,17 @@ TEST_F(VgpuSnapshotTest, SriovAllocateIsByteExactWithAndWithoutIommufd) {
   EXPECT_EQ(legacy->devices, (std::vector<DeviceNode>{{"/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"},
                                                       {"/dev/vfio/21", "/dev/vfio/21", "mrw"},
                                                       {"/dev/vfio/22", "/dev/vfio/22", "mrw"}}));
-  absl::StatusOr<ContainerAllocation> iommufd = AllocateContainer(r, {.iommufd = true, .cdi = false}, {kVf1});
+  absl::StatusOr<ContainerAllocation> cdevs = AllocateContainer(
+      r, {.node_set = pci::VfioNodeSet::kLegacyAndCdevs, .host_iommufd = true, .cdi = false}, {kVf1});
+  ASSERT_TRUE(cdevs.ok()) << cdevs.status();
+  EXPECT_EQ(cdevs->devices, (std::vector<DeviceNode>{{"/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"},
+                                                     {"/dev/vfio/21", "/dev/vfio/21", "mrw"},
+                                                     {"/dev/vfio/devices/vfio3", "/dev/vfio/devices/vfio3", "mrw"}}));
+  absl::StatusOr<ContainerAllocation> iommufd = AllocateContainer(
+      r, {.node_set = pci::VfioNodeSet::kIommufd, .host_iommufd = true, .cdi = false}, {kVf1});
   ASSERT_TRUE(iommufd.ok()) << iommufd.status();
   EXPECT_EQ(iommufd->envs, (std::map<std::string, std::string>{{"PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-1Q", kVf1}}));
   EXPECT_EQ(iommufd->devices, (std::vector<DeviceNode>{{"/dev/vfio/devices/vfio3", "/dev/vfio/devices/vfio3", "mrw"},
-                                                       {"/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"},
-                                                       {"/dev/vfio/21", "/dev/vfio/21", "mrw"},
                                                        {"/dev/iommu", "/dev/iommu", "mrw"}}));
 }
 

@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "vfio_gpu_agent/kube/kubevirt_release.h"
 
 namespace vfio_agent::kube {
 
@@ -82,6 +84,16 @@ class NodeReporter {
     (void)on_labels;
     return false;
   }
+  // Tells `on_release` the KubeVirt release the cluster runs (the first KubeVirt CR's status.observedKubeVirtVersion;
+  // nullopt = unknown: KubeVirt not installed (404), no CR, no version reported yet, or the read is forbidden). On the
+  // API worker (va-kube-api), which sends one GET /apis/kubevirt.io/v1/kubevirts soon after this call and one an hour
+  // after it (ReporterOptions::kubevirt_interval); a read that fails for a passing reason is retried with the
+  // worker's backoff and tells nothing. Called after the first read that answers and then only on a change. At most
+  // once; false when this reporter cannot (the default): the release stays unknown.
+  virtual bool WatchKubevirtRelease(std::function<void(const std::optional<KubevirtRelease>&)> on_release) {
+    (void)on_release;
+    return false;
+  }
   virtual ReporterStats Stats() const = 0;
 };
 
@@ -89,6 +101,8 @@ struct ConnectOptions {
   std::filesystem::path kubeconfig;  // "" = in-cluster (service account under service_account_dir)
   std::filesystem::path service_account_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
   std::string node_name;             // required
+  // WatchKubevirtRelease's re-read (ReporterOptions::kubevirt_interval).
+  std::chrono::milliseconds kubevirt_interval = std::chrono::hours(1);
 };
 
 // NotFound when there is no cluster to talk to (no --kubeconfig and not in a cluster: no

@@ -26,12 +26,6 @@ std::string VfioUnhealthyReason(const HostPaths& paths, const Function& fn, cons
 // <dev_root>/vfio/devices (a cdev-only host still works through iommufd); else "no <group node path>".
 std::string MissingVfioNode(const HostPaths& paths, int group, const std::vector<std::string>& cdevs, bool iommufd);
 
-// The device nodes a container needs to open one VFIO device, in the order both kubelet frontends hand them out
-// (as NVIDIA's plugin does): with iommufd its cdevs under /dev/vfio/devices, then /dev/vfio/vfio, its group's
-// /dev/vfio/<group> (none without a group), and with iommufd /dev/iommu. Paths inside the container.
-std::vector<std::string> VfioDeviceNodes(const std::vector<std::string>& cdevs, std::optional<int> iommu_group,
-                                         bool iommufd);
-
 // The config-space probe used for health: NotFound/Unavailable when unreadable, or the vendor id
 // (0xffff for a device that fell off the bus).
 absl::StatusOr<uint16_t> ReadConfigVendor(const HostPaths& paths, const std::string& bdf);

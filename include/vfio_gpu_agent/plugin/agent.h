@@ -18,6 +18,7 @@
 #include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/vfio_backend.h"
 
 namespace vfio_agent::plugin {
 
@@ -74,6 +75,10 @@ struct ServeOptions {
   // (udev, the safety rescan and the device half of its inotify are the loop's). Null (`serve`): the agent makes
   // its own from the fields above and rescans it on its device events.
   node::Source* source = nullptr;
+  // Which VFIO nodes Allocate and the CDI specs hand out (vfio_backend.h). auto follows the KubeVirt release told
+  // through Agent::SetKubevirtRelease (unknown until then); iommufd refuses to start on a host without
+  // <dev_root>/iommu.
+  VfioBackendChoice vfio_backend = VfioBackendChoice::kAuto;
 };
 
 struct ResourceStatus {
@@ -103,6 +108,12 @@ class Agent {
   // ServeOptions::source the device list is rebuilt from its last state instead (Fabric Manager's news): the
   // source's owner rescans.
   void RescanNow();
+  // The KubeVirt release the cluster runs (nullopt: unknown), for --vfio-backend auto. Any thread (`run` calls it on
+  // the API worker, va-kube-api); returns at once. A change of the resolved node set rescans, and the next
+  // snapshot re-publishes every resource (ListAndWatch when health changes, the CDI specs, Allocate's answer).
+  void SetKubevirtRelease(const std::optional<kube::KubevirtRelease>& release);
+  // The node set Allocate hands out now (ResolveNodeSet of the choice and the last release told).
+  pci::VfioNodeSet NodeSet() const;
 
   DeviceSnapshot Snapshot() const;
   std::vector<ResourceStatus> Resources() const;

@@ -27,12 +27,15 @@ struct ContainerAllocation {
 };
 
 struct AllocateConfig {
-  bool iommufd = false;  // add /dev/iommu and the requested functions' /dev/vfio/devices/vfioN
-  bool cdi = false;      // also name one CDI device per id (see cdi.h)
+  pci::VfioNodeSet node_set = pci::VfioNodeSet::kLegacy;  // the node's (DeviceSnapshot::node_set)
+  bool host_iommufd = false;  // <dev_root>/iommu exists (DeviceSnapshot::iommufd)
+  bool cdi = false;           // also name one CDI device per id (see cdi.h)
 };
 
 // One container request. Device nodes are the host's /dev paths (the container sees the same paths; the
-// dev root only redirects where the agent itself looks). Fails with INVALID_ARGUMENT naming malformed or
+// dev root only redirects where the agent itself looks): per device in id order, the nodes of the resource's set
+// (pci::VfioNodes: /dev/vfio/vfio, /dev/vfio/<group>, then the cdevs, as KubeVirt's PCI plugin lists them), each
+// node once. FAILED_PRECONDITION when the set gives a requested device no nodes. Fails with INVALID_ARGUMENT naming malformed or
 // unknown ids, with FAILED_PRECONDITION naming unhealthy ones, and with INVALID_ARGUMENT naming the missing
 // members when it asks for some but not all NVSwitches of an IOMMU group (PluginDevice::group_peers).
 absl::StatusOr<ContainerAllocation> AllocateContainer(const ResourceDevices& resource, const AllocateConfig& config,

@@ -16,6 +16,7 @@
 #include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/pci/vfio_backend.h"
 #include "vfio_gpu_agent/pci/vfio_health.h"
 
 namespace vfio_agent::plugin {
@@ -43,7 +44,7 @@ struct PluginDevice {
 };
 
 // What a resource's device ids are: PCI addresses (GPUs, NVSwitches, SR-IOV vGPUs) or mdev UUIDs (mdev vGPUs,
-// whose Allocate hands out the group node only: KubeVirt's mdev path has no iommufd cdev).
+// whose Allocate hands out the legacy nodes only, as KubeVirt's mdev plugin does: an mdev has no iommufd cdev).
 enum class DeviceIdKind { kPciAddress, kMdevUuid };
 
 struct ResourceDevices {
@@ -53,14 +54,19 @@ struct ResourceDevices {
   DeviceIdKind id_kind = DeviceIdKind::kPciAddress;
 
   const PluginDevice* Find(std::string_view id) const;
-  // Whether a VM given these devices gets the iommufd nodes (cdevs, /dev/iommu) on a host that has them.
-  bool IommufdNodes(bool host_iommufd) const { return host_iommufd && id_kind != DeviceIdKind::kMdevUuid; }
+  // The nodes a VM given these devices gets under the node's resolved set: an mdev's are always the legacy ones.
+  pci::VfioNodeSet NodeSetFor(pci::VfioNodeSet resolved) const {
+    return id_kind == DeviceIdKind::kMdevUuid ? pci::VfioNodeSet::kLegacy : resolved;
+  }
   bool operator==(const ResourceDevices&) const = default;
 };
 
 struct DeviceSnapshot {
   std::map<std::string, ResourceDevices> resources;  // by resource name
-  bool iommufd = false;  // <dev_root>/iommu exists: Allocate adds /dev/iommu and the cdevs
+  bool iommufd = false;  // <dev_root>/iommu exists
+  // What Allocate and the CDI specs hand out (--vfio-backend resolved, vfio_backend.h): set by the agent, not the
+  // scan, so a change of it is a new snapshot and re-publishes like a device change.
+  pci::VfioNodeSet node_set = pci::VfioNodeSet::kLegacy;
 
   bool operator==(const DeviceSnapshot&) const = default;
 };
@@ -89,6 +95,12 @@ std::set<std::string> AdvertisedIds(const DeviceSnapshot& snapshot);
 // Shared-NVSwitch mode: a healthy device `unusable` gives a reason for (Fabric Manager does not vouch for it:
 // fabric::PartitionManager::Unusable) becomes Unhealthy with that reason; in the VM its CUDA would fail (error 802).
 void MarkUnusable(DeviceSnapshot& snapshot, const std::function<std::string(const std::string& id)>& unusable);
+
+// Sets `snapshot.node_set` and turns Unhealthy each healthy device that set gives no nodes for (iommufd: no cdev, or
+// no /dev/iommu; legacy: no IOMMU group, or on an iommufd host no <dev_root>/vfio/<group>, which the node's health
+// rule lets a cdev stand in for), with the reason: the kubelet must not schedule a VM on a device whose Allocate
+// would fail or whose VM could not open what it is handed.
+void ApplyNodeSet(DeviceSnapshot& snapshot, pci::VfioNodeSet set, const std::filesystem::path& dev_root);
 
 // The config-space probe used for health (the rule itself lives in pci/vfio_health.h, shared with src/dra).
 using pci::ReadConfigVendor;

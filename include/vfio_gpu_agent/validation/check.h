@@ -22,6 +22,7 @@
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/vfio_backend.h"
 #include "vfio_gpu_agent/vgpu/config.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
 
@@ -69,6 +70,9 @@ struct NodeView {
   // layer 2 wants on a vfio driver only the IOMMU groups the driver's checkpoint says a prepared claim holds (or
   // why the checkpoint could not be read). Null: every selected GPU belongs on a vfio driver.
   const absl::StatusOr<dra::CheckpointRead>* bind_on_prepare = nullptr;
+  // The device plugin's --vfio-backend (kubevirt.vfio_backend says what Allocate hands out under it); nullopt on a
+  // DRA node, where each claim's DeviceClass picks.
+  std::optional<plugin::VfioBackendChoice> vfio_backend;
 };
 
 // vm-vgpu: what the vGPU layer reads besides sysfs.

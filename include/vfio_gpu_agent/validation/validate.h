@@ -35,6 +35,8 @@ struct ValidateOptions {
   // A DRA node (--kubelet-api dra): the plugin and kubelet layers check the DRA driver and its ResourceSlices
   // instead of device-plugin sockets and pod-resources, and the kubevirt layer also the DRA feature gates.
   std::optional<DraValidation> dra;
+  // The device plugin's --vfio-backend, as the agent runs with it (not on a DRA node).
+  plugin::VfioBackendChoice vfio_backend = plugin::VfioBackendChoice::kAuto;
   std::chrono::milliseconds rpc_wait{2000};          // bound on each plugin / pod-resources exchange
   // vm-vgpu (issue 19): the vgpu layer replaces devices, the plugin and kubelet layers expect the vGPUs, the
   // KubeVirt layer their permittedHostDevices entries, and --status-dir gets the vGPU status files.
