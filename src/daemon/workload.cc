@@ -70,8 +70,10 @@ void Daemon::Impl::ApplyVgpuProfiles() {
     return;
   }
   apply.claimed = *std::move(held);
-  absl::StatusOr<vgpu::ApplyReport> report = file.status();
-  if (file.ok()) {
+  absl::StatusOr<vgpu::ApplyReport> report = absl::UnknownError("not applied");
+  if (!file.ok()) {
+    report = file.status();
+  } else {
     // The catalog is the source's: a scan and the applier never read or write it at the same time.
     source_.WithCatalog([&](vgpu::CatalogStore& catalog) {
       apply.catalog = &catalog;
