@@ -47,9 +47,9 @@ absl::Status Daemon::Impl::Start() {
       label_wakeup_.Notify();
     });
   }
-  if (reporter_ && !options_.dra && options_.serve.vfio_backend == plugin::VfioBackendChoice::kAuto) {
+  if (reporter_ && frontend_->FollowsKubevirtRelease()) {
     // --vfio-backend auto follows the KubeVirt release. Called on the API worker (va-kube-api), which only stores it
-    // and wakes the loop: agent_ is the loop's (a mode switch replaces it), so the pass hands it over.
+    // and wakes the loop: frontend_ is the loop's (a mode switch replaces it), so the pass hands it over.
     reporter_->WatchKubevirtRelease([this](const std::optional<kube::KubevirtRelease>& release) {
       {
         std::lock_guard lock(watch_mu_);
@@ -93,8 +93,7 @@ void Daemon::Impl::Stop() {
       spdlog::warn("run: AgentStopped condition not stored: {}", status.ToString());
     }
   }
-  agent_->Stop();
-  if (dra_) dra_->Stop();
+  frontend_->Stop();
   health_.Shutdown();
   if (started_) spdlog::info("run: stopped; every device stays on its driver");
 }
@@ -188,7 +187,7 @@ absl::Status Daemon::Impl::PassOnce() {
     std::lock_guard lock(watch_mu_);
     if (told_release_ != agent_release_) {
       agent_release_ = told_release_;
-      agent_->SetKubevirtRelease(agent_release_);
+      frontend_->SetKubevirtRelease(agent_release_);
     }
   }
   // The label is read once per workload_label_interval, not every pass: a node at rest sends the API nothing else.
@@ -237,19 +236,25 @@ absl::Status Daemon::Impl::PassOnce() {
   }
   if (!serving_) {
     // After the first binds and their scan, so that the frontend's first list already holds the GPUs bound now.
-    if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
+    if (absl::Status status = frontend_->Start(); !status.ok()) return status;
     serving_ = true;
   }
-  plugin::DeviceSnapshot expected =
+  const plugin::DeviceSnapshot expected =
       plugin::BuildSnapshot(paths, *inventory, *selection, source_.names(),
                             std::set<std::string>(selection->gpus.begin(), selection->gpus.end()));
-  // The DRA driver applies the device plugin's Fabric Manager rule to what it publishes: a GPU FM does not vouch for
-  // is expected Unhealthy (DeviceLost, dra.healthy), not a driver lagging behind (dra.published).
-  if (dra_) plugin::MarkUnusable(expected, [this](const std::string& id) { return dra_->FabricUnusable(id); });
-  PublishDevices(*selection, expected);
+  PublishDevices(plugin::ServedOf(expected));
   Conclude(Evaluate(*inventory, *selection, expected), start);
   if (mode_retry_at_) next_pass_ = std::min(next_pass_, *mode_retry_at_);
   return absl::OkStatus();
+}
+
+std::unique_ptr<node::Frontend> Daemon::Impl::MakeFrontend() {
+  if (options_.make_frontend) return options_.make_frontend(options_.serve.workload);
+  if (options_.dra) {
+    options_.dra->workload = options_.serve.workload;
+    return dra::MakeFrontend(*options_.dra);
+  }
+  return plugin::MakeFrontend(options_.serve);
 }
 
 Daemon::Daemon(DaemonOptions options, std::unique_ptr<kube::NodeReporter> reporter,

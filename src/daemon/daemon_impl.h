@@ -25,12 +25,14 @@
 #include "metrics.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
-#include "vfio_gpu_agent/dra/checkpoint.h"
+#include "vfio_gpu_agent/dra/frontend.h"
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
+#include "vfio_gpu_agent/node/frontend.h"
 #include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/node/watch.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/frontend.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
 #include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/validation/check.h"
@@ -140,8 +142,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
       options_.dra->on_prepare = [this](bool ok, std::chrono::nanoseconds took) { metrics_.OnPrepare(ok, took); };
       options_.dra->on_binding = [this](const dra::BindingOutcome& outcome) { OnBinding(outcome); };
     }
-    agent_ = std::make_unique<plugin::Agent>(options_.serve);
-    if (options_.dra) dra_ = std::make_unique<dra::Driver>(*options_.dra);
+    frontend_ = MakeFrontend();
     if (reporter_) reporter_->OnStats([this](const kube::ReporterStats& stats) { metrics_.SetApiStats(stats); });
   }
   ~Impl() override {
@@ -217,8 +218,11 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
           absl::StrCat("Fabric Manager partition ", fabric::Describe(partition), " active for the GPUs [",
                        absl::StrJoin(for_gpus, ","), "]", holder));
   }
-  // With --fabric-manager: the serving frontend's view of Fabric Manager (the DRA driver's, else the device plugin's).
-  std::optional<fabric::FabricStatus> Fabric() const { return dra_ ? dra_->Fabric() : agent_->Fabric(); }
+  // With --fabric-manager: the frontend's view of Fabric Manager.
+  std::optional<fabric::FabricStatus> Fabric() const { return frontend_->Fabric(); }
+  // The one place a frontend is made, for options_.serve.workload: the test's, else the DRA driver with
+  // --kubelet-api dra, else the device plugin. Not started.
+  std::unique_ptr<node::Frontend> MakeFrontend();
 
   void Loop();
   // Rescans the shared source. A scan that starts kSettleRescan after a device event is that event's second look.
@@ -275,28 +279,20 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   void Conclude(Readiness readiness, Clock::time_point start);
   // True when a bind was attempted (the host changed).
   bool BindDue(const pci::Inventory& inventory, const pci::Selection& selection);
-  // run --kubelet-api dra --bind-on-prepare: GPUs are bound by the claims that need them, never at start.
-  bool BindOnPrepare() const { return options_.dra && options_.dra->bind_on_prepare; }
-  // What the kubelet must see: every id of `required` advertised and healthy, every resource with devices
-  // registered, the kubelet's allocatable set equal to the healthy one. nullopt when all holds.
-  std::optional<Readiness> ServedReadiness(const validation::NodeView& view, const std::vector<std::string>& required,
-                                           const plugin::DeviceSnapshot& served);
-  // run --kubelet-api dra: the driver registered, every GPU of `required` published healthy, the node's slices
-  // written. nullopt when all holds.
-  // A GPU `expected` (the daemon's own scan) has healthy that the driver does not yet is dra.published, which
-  // clears by itself (the driver is one rescan behind a bind).
-  std::optional<Readiness> DraReadiness(const std::vector<std::string>& required,
-                                        const plugin::DeviceSnapshot& expected);
+  // The frontend binds the GPUs its claims need (--bind-on-prepare): they stay on their host drivers, never bound here.
+  bool BindOnPrepare() const { return frontend_->BindsOnDemand(); }
+  // The frontend's side: what it answers (advertised or published, healthy, registered, slices written), then, for
+  // a frontend whose devices the kubelet lists as allocatable, the kubelet's set equal to the healthy one
+  // (`view.expected` is what it should hold). nullopt when all holds; the metrics' validation checks are set either
+  // way.
+  std::optional<Readiness> FrontendReadiness(const node::FrontendReadiness& answer, const validation::NodeView& view);
   Readiness EvaluateVgpu();
-  // vm-vgpu with --kubelet-api dra: the vGPUs the driver publishes, the driver registered, its slices written.
-  Readiness EvaluateVgpuDra();
-  // The driver registered with the kubelet and its slices written; nullopt when both hold.
-  std::optional<Readiness> DraServing();
   Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
                      const plugin::DeviceSnapshot& expected);
   void Settle(Readiness* readiness);
   void Publish(const Readiness& readiness);
-  void PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected);
+  // `expected`: what the pass's scan says should be served (what the frontend serves, in vm-vgpu).
+  void PublishDevices(const node::ServedDevices& expected);
   void RunHostChecks(const validation::NodeView& view, const std::string& fingerprint);
   // One Node Event per claim that waited for its binding conditions: which claim, how long, and why it failed.
   void OnBinding(const dra::BindingOutcome& outcome) {
@@ -327,8 +323,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   node::Source source_;
   internal::Metrics metrics_;
   internal::HealthServer health_;
-  std::unique_ptr<plugin::Agent> agent_;
-  std::unique_ptr<dra::Driver> dra_;  // run --kubelet-api dra: serves instead of agent_, which is never started
+  // The device plugin, or with --kubelet-api dra the DRA driver; a mode switch replaces it (the loop's).
+  std::unique_ptr<node::Frontend> frontend_;
   node::DirWatcher dirs_;
   node::Wakeup wakeup_;
   Clock::time_point settle_rescan_ = Clock::time_point::max();  // a second look after a device event
@@ -369,7 +365,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   std::mutex watch_mu_;
   std::optional<Labels> watched_labels_;
   // The KubeVirt release as the reporter told it (its thread, under watch_mu_), and as the loop last handed it to
-  // agent_ (the loop's; under watch_mu_ too, as it is compared there).
+  // frontend_ (the loop's; under watch_mu_ too, as it is compared there).
   std::optional<kube::KubevirtRelease> told_release_;
   std::optional<kube::KubevirtRelease> agent_release_;
   node::Wakeup label_wakeup_;

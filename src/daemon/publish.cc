@@ -54,46 +54,27 @@ void Daemon::Impl::Publish(const Readiness& readiness) {
   }
 }
 
-void Daemon::Impl::PublishDevices(const pci::Selection& selection, const plugin::DeviceSnapshot& expected) {
-  // The DRA driver applies the same health rules (pci/vfio_health.h, Fabric Manager's) to the same sysfs: its devices
-  // are `expected`.
-  plugin::DeviceSnapshot served = dra_ ? expected : agent_->Snapshot();
-  if (BindOnPrepare()) {
-    // A GPU on its host driver is healthy under this policy (a claim binds it): the driver's own health, or every
-    // claim's bind and return would read as DeviceRecovered and DeviceLost.
-    std::map<std::string, dra::GpuDevice> published;
-    for (dra::GpuDevice& device : dra_->Devices()) published[device.bdf] = std::move(device);
-    for (auto& [name, resource] : served.resources) {
-      for (plugin::PluginDevice& device : resource.devices) {
-        if (auto it = published.find(device.id); it != published.end()) {
-          device.healthy = it->second.healthy();
-          device.unhealthy_reason = it->second.unhealthy_reason;
-        }
-      }
-    }
-  }
+void Daemon::Impl::PublishDevices(const node::ServedDevices& expected) {
+  const node::ServedDevices served = frontend_->Served(expected);
   std::map<std::pair<std::string, std::string>, int> counts;
   std::set<std::string> advertised;
-  for (const auto& [name, resource] : served.resources) {
-    for (const plugin::PluginDevice& device : resource.devices) {
-      advertised.insert(device.id);
-      ++counts[{name, device.healthy ? "healthy" : "unhealthy"}];
-      auto [it, inserted] = health_seen_.try_emplace(device.id, device.healthy);
-      if (!inserted && it->second != device.healthy) {
-        if (device.healthy) {
-          Event(kube::EventType::kNormal, "DeviceRecovered", "HealthChecking", absl::StrCat(device.id, " ", name, " is healthy again"));
-        } else {
-          Event(kube::EventType::kWarning, "DeviceLost", "HealthChecking",
-                absl::StrCat(device.id, " ", name, " unhealthy: ", device.unhealthy_reason));
-        }
+  for (const node::ServedDevice& device : served) {
+    const std::string& name = device.resource_name;
+    advertised.insert(device.id);
+    ++counts[{name, device.healthy ? "healthy" : "unhealthy"}];
+    auto [it, inserted] = health_seen_.try_emplace(device.id, device.healthy);
+    if (!inserted && it->second != device.healthy) {
+      if (device.healthy) {
+        Event(kube::EventType::kNormal, "DeviceRecovered", "HealthChecking", absl::StrCat(device.id, " ", name, " is healthy again"));
+      } else {
+        Event(kube::EventType::kWarning, "DeviceLost", "HealthChecking",
+              absl::StrCat(device.id, " ", name, " unhealthy: ", device.unhealthy_reason));
       }
-      it->second = device.healthy;
     }
+    it->second = device.healthy;
   }
-  for (const auto& [name, resource] : expected.resources) {
-    for (const plugin::PluginDevice& device : resource.devices) {
-      if (!advertised.contains(device.id)) ++counts[{name, "unbound"}];
-    }
+  for (const node::ServedDevice& device : expected) {
+    if (!advertised.contains(device.id)) ++counts[{device.resource_name, "unbound"}];
   }
   metrics_.SetDevices(counts);
 }

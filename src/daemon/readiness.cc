@@ -52,144 +52,53 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
                                       fabric->error)};
     }
   }
-  if (dra_) {
-    if (std::optional<Readiness> failing = DraReadiness(gpus, expected)) return *failing;
-  } else if (std::optional<Readiness> failing = ServedReadiness(view, gpus, agent_->Snapshot())) {
-    return *failing;
-  }
+  const node::FrontendReadiness answer =
+      frontend_->Readiness({.required = gpus, .expected = plugin::ServedOf(expected), .vgpus = false});
+  if (std::optional<Readiness> failing = FrontendReadiness(answer, view)) return *failing;
   return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
           .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
                                   absl::StrJoin(gpus, ","))};
 }
 
-std::optional<Readiness> Daemon::Impl::DraReadiness(const std::vector<std::string>& required,
-                                                    const plugin::DeviceSnapshot& expected) {
-  metrics_.SetValidation(host_checks_);
-  std::map<std::string, const dra::GpuDevice*> published;
-  const std::vector<dra::GpuDevice> devices = dra_->Devices();
-  for (const dra::GpuDevice& device : devices) published[device.bdf] = &device;
-  std::vector<std::string> behind, unhealthy;
-  for (const std::string& bdf : required) {
-    auto it = published.find(bdf);
-    const bool healthy_here = std::any_of(expected.resources.begin(), expected.resources.end(), [&](const auto& r) {
-      const plugin::PluginDevice* device = r.second.Find(bdf);
-      return device != nullptr && device->healthy;
-    });
-    if (it == published.end() || (!it->second->healthy() && healthy_here)) {
-      behind.push_back(bdf);
-    } else if (!it->second->healthy()) {
-      unhealthy.push_back(absl::StrCat(bdf, " (", it->second->unhealthy_reason, ")"));
-    }
-  }
-  if (!unhealthy.empty()) {
-    return Readiness{.ready = false, .check_id = "dra.healthy", .reason = "DeviceUnhealthy",
-                     .message = absl::StrCat("dra.healthy: ", absl::StrJoin(unhealthy, "; "))};
-  }
-  if (!behind.empty()) {
-    return Readiness{.ready = false, .check_id = "dra.published", .reason = "DeviceNotAdvertised",
-                     .message = absl::StrCat("dra.published: bound but not published healthy yet: ",
-                                             absl::StrJoin(behind, ","))};
-  }
-  return DraServing();
-}
-
-std::optional<Readiness> Daemon::Impl::DraServing() {
-  if (const dra::RegistrationStatus registration = dra_->Registration(); !registration.registered) {
-    return Readiness{.ready = false, .check_id = "dra.registered", .reason = "NotRegistered",
-                     .message = absl::StrCat("dra.registered: the kubelet has not accepted DRA driver ",
-                                             options_.dra->driver_name,
-                                             registration.error.empty() ? "" : ": " + registration.error)};
-  }
-  if (const std::string error = dra_->SliceError(); !error.empty()) {
-    return Readiness{.ready = false, .check_id = "dra.slices", .reason = "SlicesNotPublished",
-                     .message = absl::StrCat("dra.slices: ", error)};
-  }
-  return std::nullopt;
-}
-
-Readiness Daemon::Impl::EvaluateVgpuDra() {
-  metrics_.SetValidation(host_checks_);
-  const std::vector<dra::GpuDevice> devices = dra_->Devices();
-  const auto healthy = std::count_if(devices.begin(), devices.end(), [](const auto& d) { return d.healthy(); });
-  if (devices.empty()) {
-    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices",
-            .message = "no vGPU on this node (none created yet); nothing to publish"};
-  }
-  if (std::optional<Readiness> failing = DraServing()) return *failing;
-  const auto unhealthy = static_cast<std::ptrdiff_t>(devices.size()) - healthy;
-  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
-          .message = absl::StrCat(healthy, " vGPUs healthy and published as DRA devices",
-                                  unhealthy == 0 ? "" : absl::StrCat("; ", unhealthy, " unhealthy"))};
-}
-
 // A vGPU's health is not the node's readiness: vGPUs come and go with the profile config (a removed one stays
 // listed Unhealthy for a while), and each change is an event of its own (PublishDevices).
 Readiness Daemon::Impl::EvaluateVgpu() {
-  if (dra_) return EvaluateVgpuDra();
-  const plugin::DeviceSnapshot served = agent_->Snapshot();
-  int healthy = 0, unhealthy = 0;
-  for (const auto& [name, resource] : served.resources) {
-    for (const plugin::PluginDevice& device : resource.devices) ++(device.healthy ? healthy : unhealthy);
-  }
-  if (healthy + unhealthy == 0) {
+  const node::FrontendReadiness answer = frontend_->Readiness({.required = {}, .expected = {}, .vgpus = true});
+  if (answer.nothing_served) {
     metrics_.SetValidation(host_checks_);
-    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices",
-            .message = "no vGPU on this node (none created yet); nothing to advertise"};
+    return {.ready = true, .check_id = "", .reason = "NoSelectedDevices", .message = answer.summary};
+  }
+  // The kubelet should hold what the frontend serves.
+  plugin::DeviceSnapshot allocatable;
+  for (const node::ServedDevice& device : answer.served) {
+    plugin::ResourceDevices& resource = allocatable.resources[device.resource_name];
+    resource.resource_name = device.resource_name;
+    resource.devices.push_back(
+        {.id = device.id, .healthy = device.healthy, .unhealthy_reason = device.unhealthy_reason});
   }
   const validation::NodeView view{.paths = options_.serve.paths, .inventory = nullptr, .selection = nullptr,
-                                  .expected = &served};
-  if (std::optional<Readiness> failing = ServedReadiness(view, {}, served)) return *failing;
-  return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
-          .message = absl::StrCat(healthy, " vGPUs healthy, registered and allocatable in ", served.resources.size(),
-                                  " resources", unhealthy == 0 ? "" : absl::StrCat("; ", unhealthy, " unhealthy"))};
+                                  .expected = &allocatable};
+  if (std::optional<Readiness> failing = FrontendReadiness(answer, view)) return *failing;
+  return {.ready = true, .check_id = "", .reason = "AllDevicesReady", .message = answer.summary};
 }
 
-std::optional<Readiness> Daemon::Impl::ServedReadiness(const validation::NodeView& view,
-                                                       const std::vector<std::string>& required,
-                                                       const plugin::DeviceSnapshot& served) {
-  std::vector<std::string> missing, unhealthy;
-  for (const std::string& bdf : required) {
-    const plugin::PluginDevice* device = nullptr;
-    for (const auto& [name, resource] : served.resources) {
-      if ((device = resource.Find(bdf)) != nullptr) break;
-    }
-    if (device == nullptr) {
-      missing.push_back(bdf);
-    } else if (!device->healthy) {
-      unhealthy.push_back(absl::StrCat(bdf, " (", device->unhealthy_reason, ")"));
-    }
+std::optional<Readiness> Daemon::Impl::FrontendReadiness(const node::FrontendReadiness& answer,
+                                                         const validation::NodeView& view) {
+  for (const auto& [resource_name, registrations] : answer.registrations) {
+    metrics_.SetRegistrations(resource_name, registrations);
   }
-  if (!missing.empty()) {
+  if (answer.failing) {
     metrics_.SetValidation(host_checks_);
-    return Readiness{.ready = false, .check_id = "plugin.advertised", .reason = "DeviceNotAdvertised",
-            .message = absl::StrCat("plugin.advertised: bound but not advertised yet: ", absl::StrJoin(missing, ","))};
+    return Readiness{.ready = false, .check_id = answer.failing->id, .reason = answer.failing->reason,
+                     .message = answer.failing->message};
   }
-  if (!unhealthy.empty()) {
+  if (!answer.allocatable_key) {
     metrics_.SetValidation(host_checks_);
-    return Readiness{.ready = false, .check_id = "plugin.healthy", .reason = "DeviceUnhealthy",
-            .message = absl::StrCat("plugin.healthy: ", absl::StrJoin(unhealthy, "; "))};
+    return std::nullopt;
   }
-  std::vector<std::string> unregistered;
-  std::string served_key = absl::StrCat("restarts=", kubelet_restarts_.load(), ";");
-  for (const plugin::ResourceStatus& resource : agent_->Resources()) {
-    absl::StrAppend(&served_key, resource.resource_name, ":", resource.registrations, ";");
-    metrics_.SetRegistrations(resource.resource_name, resource.registrations);
-    auto it = served.resources.find(resource.resource_name);
-    if (it != served.resources.end() && !it->second.devices.empty() && !resource.registered) {
-      unregistered.push_back(resource.resource_name);
-    }
-  }
-  if (!unregistered.empty()) {
-    metrics_.SetValidation(host_checks_);
-    return Readiness{.ready = false, .check_id = "plugin.registered", .reason = "NotRegistered",
-            .message = absl::StrCat("plugin.registered: not registered with the kubelet: ",
-                                    absl::StrJoin(unregistered, ","))};
-  }
-  for (const auto& [name, resource] : served.resources) {
-    for (const plugin::PluginDevice& device : resource.devices) absl::StrAppend(&served_key, device.id, device.healthy);
-  }
-  // The kubelet's allocatable set changes only with what we send it (or a kubelet restart, which we see):
+  // The kubelet's allocatable set changes only with what the frontend sends it (or a kubelet restart, which we see):
   // asked again when that changed, after a failure, and at least every kKubeletRecheck.
+  const std::string served_key = absl::StrCat("restarts=", kubelet_restarts_.load(), ";", *answer.allocatable_key);
   const Clock::time_point now = Clock::now();
   const bool kubelet_passed = std::none_of(kubelet_checks_.begin(), kubelet_checks_.end(), [](const auto& check) {
     return check.result == validation::Result::kFail;

@@ -26,11 +26,10 @@ absl::Status Daemon::Impl::PassVgpu(Clock::time_point start) {
     }
   }
   if (!serving_) {
-    if (absl::Status status = dra_ ? dra_->Start() : agent_->Start(); !status.ok()) return status;
+    if (absl::Status status = frontend_->Start(); !status.ok()) return status;
     serving_ = true;
   }
-  const plugin::DeviceSnapshot served = agent_->Snapshot();  // empty with the DRA driver, which is not the agent
-  PublishDevices(pci::Selection{}, served);
+  PublishDevices(frontend_->Served({}));
   Conclude(WithHeld(EvaluateVgpu()), start);
   // A freed vGPU raises nothing the loop waits on (the VM closing its group node is no directory change).
   if (vgpu_retry_at_) next_pass_ = std::min(next_pass_, *vgpu_retry_at_);
@@ -58,27 +57,19 @@ void Daemon::Impl::ApplyVgpuProfiles() {
   }
   absl::StatusOr<vgpu::VgpuConfigFile> file = vgpu::LoadVgpuConfig(options_.vgpu_config_file);
   vgpu::ApplyOptions apply{.paths = options_.serve.paths, .catalog = nullptr, .new_uuid = {}, .claimed = {}};
-  if (options_.dra) {
-    // A prepared claim's vGPU is the VM's from Prepare on, though virt-launcher opens its group only once its image
-    // is pulled: the checkpoint says which (vgpu is below dra, so the daemon hands them over).
-    absl::StatusOr<dra::CheckpointRead> checkpoint = dra::ReadCheckpoint(*options_.dra);
-    if (!checkpoint.ok()) {
-      // Without it no vGPU can be known free of a claim: nothing is changed this pass.
-      vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
-      PublishVgpuConfig("pending", kube::EventType::kWarning, "VgpuConfigPending",
-                        absl::StrCat("vGPU config '", name, "': the DRA checkpoint cannot be read (",
-                                     checkpoint.status().message(), "); no vGPU is changed until it can"),
-                        false);
-      return;
-    }
-    for (const dra::CheckpointedClaim& claim : checkpoint->claims) {
-      for (const std::string& uuid : claim.mdev_uuids) apply.claimed[uuid] = "DRA claim " + claim.ref;
-      for (const std::string& vf : claim.vgpu_vfs) apply.claimed[vf] = "DRA claim " + claim.ref;
-    }
-    for (const std::string& unreadable : checkpoint->unreadable) {
-      spdlog::warn("vGPU config: DRA checkpoint file {} unreadable: its claim's vGPUs are not known held", unreadable);
-    }
+  // The vGPUs the frontend's clients hold before their VM opens them (a prepared DRA claim's): vgpu is below the
+  // frontends, so the daemon hands them over.
+  absl::StatusOr<std::map<std::string, std::string>> held = frontend_->HeldVgpus();
+  if (!held.ok()) {
+    // Without it no vGPU can be known free of a claim: nothing is changed this pass.
+    vgpu_retry_at_ = Clock::now() + options_.vgpu_retry;
+    PublishVgpuConfig("pending", kube::EventType::kWarning, "VgpuConfigPending",
+                      absl::StrCat("vGPU config '", name, "': ", held.status().message(),
+                                   "; no vGPU is changed until it can"),
+                      false);
+    return;
   }
+  apply.claimed = *std::move(held);
   absl::StatusOr<vgpu::ApplyReport> report = absl::UnknownError("not applied");
   if (!file.ok()) {
     report = file.status();
@@ -204,11 +195,11 @@ void Daemon::Impl::FollowWorkloadLabel() {
     why = absl::StrCat("node label ", kWorkloadLabel, "=", value);
   }
   if (wanted == current) return;
-  if (dra_) {
+  // A frontend that cannot change mode while it serves (the DRA driver) is made anew in the wanted mode before it
+  // serves, and keeps its mode after; the device plugin switches live.
+  if (std::optional<std::string> refusal = frontend_->LiveSwitchRefusal(current)) {
     if (!serving_) {
-      dra::DriverOptions asked = *options_.dra;
-      asked.workload = wanted;
-      if (absl::Status modes = dra::ValidateModes(asked); !modes.ok()) {
+      if (absl::Status modes = frontend_->Supports(wanted); !modes.ok()) {
         if (news) {
           const std::string note = absl::StrCat(why, " asks for ", WorkloadName(wanted), ", which this agent refuses: ",
                                                 modes.message(), "; staying in ", WorkloadName(current));
@@ -217,19 +208,15 @@ void Daemon::Impl::FollowWorkloadLabel() {
         }
         return;
       }
-      // Not serving yet: the driver starts in the label's mode.
+      // Not serving yet: the frontend starts in the label's mode.
       spdlog::info("workload mode: {} ({})", WorkloadName(wanted), why);
       options_.serve.workload = wanted;
-      options_.dra->workload = wanted;
       source_.SetWorkload(wanted);
-      dra_ = std::make_unique<dra::Driver>(*options_.dra);
+      frontend_ = MakeFrontend();
       return;
     }
-    // The driver's published devices and prepared claims are of one mode; a live switch is the device plugin's.
     if (news) {
-      const std::string note =
-          absl::StrCat(why, " asks for ", WorkloadName(wanted), "; the DRA driver serves the mode it started in (",
-                       WorkloadName(current), ") until the agent restarts");
+      const std::string note = absl::StrCat(why, " asks for ", WorkloadName(wanted), "; ", *refusal);
       spdlog::warn("workload mode: {}", note);
       Event(kube::EventType::kWarning, "WorkloadModeUnsupported", "SwitchingMode", note);
     }
@@ -248,13 +235,13 @@ void Daemon::Impl::SwitchMode(Workload wanted, const std::string& why) {
     spdlog::info("workload mode: {} ({})", WorkloadName(wanted), why);  // the start's mode, nothing changed
   }
   if (serving_) {
-    agent_->Stop();
+    frontend_->Stop();
     serving_ = false;
   }
   options_.serve.workload = wanted;
   source_.SetWorkload(wanted);  // this pass's scan is of the new mode
-  agent_ = std::make_unique<plugin::Agent>(options_.serve);
-  agent_->SetKubevirtRelease(agent_release_);
+  frontend_ = MakeFrontend();
+  frontend_->SetKubevirtRelease(agent_release_);
   // What the passes of the old mode kept about its devices.
   backoff_.clear();
   bind_failures_.clear();

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include "vfio_gpu_agent/binding/binder.h"
 #include "vfio_gpu_agent/dra/driver.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
+#include "vfio_gpu_agent/node/frontend.h"
 #include "vfio_gpu_agent/plugin/agent.h"
 
 namespace vfio_agent::daemon {
@@ -46,6 +48,9 @@ struct DaemonOptions {
   // `run --kubelet-api dra`: this DRA driver serves the bound GPUs and the device plugin is never started (one
   // kubelet API a node). Readiness then asks the driver: registered, every GPU healthy, slices written.
   std::optional<dra::DriverOptions> dra;
+  // Tests: makes the frontend the daemon drives (node::Frontend) instead of the device plugin or the DRA driver, for
+  // the workload given; called again for the new mode on a mode switch. Null: `dra`'s driver, else `serve`'s plugin.
+  std::function<std::unique_ptr<node::Frontend>(Workload workload)> make_frontend;
   std::string listen_host = "0.0.0.0";  // health and metrics listen here (the pod IP, with hostNetwork)
   int health_port = 8081;                // grpc.health.v1.Health; 0 = off
   int metrics_port = 9400;               // Prometheus text format on /metrics; 0 = off
