@@ -79,8 +79,10 @@ void Daemon::Impl::ApplyVgpuProfiles() {
       spdlog::warn("vGPU config: DRA checkpoint file {} unreadable: its claim's vGPUs are not known held", unreadable);
     }
   }
-  absl::StatusOr<vgpu::ApplyReport> report = file.status();
-  if (file.ok()) {
+  absl::StatusOr<vgpu::ApplyReport> report = absl::UnknownError("not applied");
+  if (!file.ok()) {
+    report = file.status();
+  } else {
     // The catalog is the source's: a scan and the applier never read or write it at the same time.
     source_.WithCatalog([&](vgpu::CatalogStore& catalog) {
       apply.catalog = &catalog;

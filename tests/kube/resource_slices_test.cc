@@ -465,9 +465,12 @@ TEST_F(ResourceSlicesTest, TheWatchReportsDeletionsAndChangesByOthersAndSurvives
 
   // Compaction, then a cut: the re-watch from the old resourceVersion gets 410 and the watch lists again (and
   // reports, since it cannot know what it missed). A deletion afterwards is still seen.
+  // How many watches it takes to get there is timing (a watch the server ends within a second of its start is
+  // retried after a back-off, and the compaction may come during it): the list is the condition. The watch after
+  // it starts from the list's resourceVersion, so the deletion below reaches it whenever it opens.
   ASSERT_TRUE(api_->Control("compact").ok());
   ASSERT_TRUE(api_->Control("close-watches").ok());
-  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return watch->lists() > lists && Watching() >= 4; }));
+  ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return watch->lists() > lists; }));
   const int before_kubelet = changes;
   ASSERT_TRUE(api_->Control(absl::StrCat("delete-slices ", kNode)).ok());
   ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return changes > before_kubelet; }));

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -127,6 +128,7 @@ absl::StatusOr<std::unique_ptr<KubeApiSim>> KubeApiSim::Start(const std::filesys
   pid_t pid = ::fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a test that dies takes its API server with it (see sim_process.cc)
     ::dup2(in[0], STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
     std::vector<char*> args;

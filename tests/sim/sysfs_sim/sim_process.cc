@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -70,6 +71,9 @@ absl::StatusOr<std::unique_ptr<SimProcess>> SimProcess::Start(const std::filesys
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
+    // A test that dies (an abort, a fatal signal) must not leave its simulator behind: it would keep the test's
+    // stdout open and hold ctest until its timeout, and keep its FUSE mount.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     dup2(out[1], STDOUT_FILENO);
     execl(binary.c_str(), binary.c_str(), "--node", node_file.c_str(), "--root", root.c_str(),
           static_cast<char*>(nullptr));
