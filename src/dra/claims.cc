@@ -287,7 +287,36 @@ absl::Status ClaimPreparer::Load() {
     }
     prepared_[uid] = *std::move(claim);
   }
+  PublishHolds();
   return absl::OkStatus();
+}
+
+void ClaimPreparer::OnHoldsChanged(std::function<void(const std::vector<GroupHold>&)> changed) {
+  holds_changed_ = std::move(changed);
+}
+
+std::vector<GroupHold> ClaimPreparer::Holds() const {
+  std::vector<GroupHold> holds;
+  for (const auto& [uid, claim] : prepared_) {
+    for (const PreparedDevice& device : claim.devices) {
+      if (device.bdf.empty() || !device.mdev_uuid.empty() || VgpuOfDevice(device.device).ok()) continue;
+      const std::optional<int> group = IommuGroupOf(options_.paths, device.bdf);
+      if (!group) continue;  // gone from sysfs: no sibling left to hold either
+      holds.push_back({.bdf = device.bdf,
+                       .group = *group,
+                       .claim = ClaimRef(claim.namespace_name, claim.name, uid),
+                       .consumers = claim.consumers});
+    }
+  }
+  return holds;
+}
+
+void ClaimPreparer::PublishHolds() {
+  if (!holds_changed_) return;
+  std::vector<GroupHold> holds = Holds();
+  if (holds == holds_published_) return;
+  holds_published_ = std::move(holds);
+  holds_changed_(holds_published_);
 }
 
 std::vector<PreparedClaim> ClaimPreparer::Prepared() const {
@@ -297,6 +326,7 @@ std::vector<PreparedClaim> ClaimPreparer::Prepared() const {
 }
 
 absl::Status ClaimPreparer::Forget(const std::string& uid) {
+  absl::Cleanup published = [this] { PublishHolds(); };
   auto it = prepared_.find(uid);
   if (it == prepared_.end()) return absl::OkStatus();  // unprepared meanwhile
   if (absl::Status released = Release(it->second, absl::Now() + kCallBudget); !released.ok()) return released;
@@ -685,6 +715,9 @@ bool ClaimPreparer::PreBound(const std::string& uid) const {
 }
 
 absl::StatusOr<std::string> ClaimPreparer::PreBind(const kube::ResourceClaim& claim, absl::Time start) {
+  // From the moment the claim's GPUs are held here (before the kubelet prepares it), their groups' other GPUs are
+  // off new allocations.
+  absl::Cleanup published = [this] { PublishHolds(); };
   const std::string ref = ClaimRef(claim.namespace_name, claim.name, claim.uid);
   if (!IsSafeUid(claim.uid)) return absl::InvalidArgumentError(absl::StrCat(ref, ": not a claim UID"));
   if (auto it = prepared_.find(claim.uid); it != prepared_.end()) {
@@ -833,6 +866,7 @@ drav1::NodePrepareResourcesResponse ClaimPreparer::Prepare(const drav1::NodePrep
     entry = ToResponse(*prepared);
     prepared_[claim.uid()] = *std::move(prepared);
   }
+  PublishHolds();
   if (options_.on_prepare) {
     bool ok = true;
     for (const auto& [uid, entry] : response.claims()) ok = ok && entry.error().empty();
@@ -857,6 +891,7 @@ drav1::NodeUnprepareResourcesResponse ClaimPreparer::Unprepare(const drav1::Node
     spdlog::info("DRA unprepare: {}", ClaimRef(claim));
     prepared_.erase(it);
   }
+  PublishHolds();
   return response;
 }
 

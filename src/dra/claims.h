@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "kubelet/kubelet_services.h"
 #include "vfio_gpu_agent/common/host_paths.h"
 #include "vfio_gpu_agent/dra/driver.h"
+#include "vfio_gpu_agent/dra/taints.h"
 #include "vfio_gpu_agent/names/resource_names.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/vgpu/catalog.h"
@@ -67,6 +69,14 @@ class ClaimPreparer final : public ClaimHandler {
   // Reads the checkpoint directory: claims of this boot are prepared again (a repeat answers them as before,
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
   absl::Status Load();
+
+  // Called (under the caller's serialization, as every call here) after a Prepare, Unprepare, PreBind, Forget or
+  // Load that changed which whole GPUs claims hold, with the new list: the driver republishes its slices with the
+  // group-held taints at once.
+  void OnHoldsChanged(std::function<void(const std::vector<GroupHold>&)> changed);
+  // Every whole GPU a claim here holds (each claim in prepared_: prepared, pre-bound, or pending until undone),
+  // with its IOMMU group as sysfs has it now; vGPUs aside (an SR-IOV vGPU's VF has its own group).
+  std::vector<GroupHold> Holds() const;
 
   // The claims prepared now, and dropping one (its CDI spec, metadata and checkpoint removed) whose ResourceClaim
   // is gone from the API: the stale-claim sweep (Driver) asks the API between the two, without holding the calls.
@@ -125,6 +135,9 @@ class ClaimPreparer final : public ClaimHandler {
   // its checkpoint), so the last claim out of a shared group returns it.
   RecordedDrivers HandOverSharedGroups(const PreparedClaim& claim);
 
+  // OnHoldsChanged's callback when Holds() differs from the list it was last given.
+  void PublishHolds();
+
   const DriverOptions options_;
   FabricClaims* const fabric_;
   const names::NameResolver names_;
@@ -133,6 +146,8 @@ class ClaimPreparer final : public ClaimHandler {
   std::string boot_id_;
   std::map<std::string, PreparedClaim> prepared_;  // by claim UID
   vgpu::CatalogStore vgpu_catalog_;  // vm-vgpu: names the SR-IOV vGPUs of a full card
+  std::function<void(const std::vector<GroupHold>&)> holds_changed_;
+  std::vector<GroupHold> holds_published_;
 };
 
 drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim);

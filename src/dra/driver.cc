@@ -26,6 +26,7 @@
 #include "vfio_gpu_agent/common/grpc_idle.h"
 #include "vfio_gpu_agent/common/thread_name.h"
 #include "vfio_gpu_agent/common/unix_socket.h"
+#include "vfio_gpu_agent/dra/taints.h"
 #include "vfio_gpu_agent/dra/vgpu_devices.h"
 #include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/node/watch.h"
@@ -124,6 +125,14 @@ class Driver::Impl {
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
+    claims_.OnHoldsChanged([this](const std::vector<GroupHold>& holds) {
+      {
+        std::lock_guard lock(holds_mu_);
+        holds_ = holds;
+      }
+      holds_changed_ = true;
+      wakeup_.Notify();
+    });
     if (absl::Status loaded = claims_.Load(); !loaded.ok()) return loaded;
     source_.Open();
     if (absl::Status watch = dirs_.Open(); !watch.ok()) return watch;
@@ -353,6 +362,16 @@ class Driver::Impl {
     watch_sync_pending_ = false;
     std::vector<kube::SliceDevice> slices;
     for (const GpuDevice& device : Devices()) slices.push_back(device.slice);
+    if (options_.workload != Workload::kVmVgpu) {
+      // Only the slices carry it: a held sibling is reserved, not unhealthy, so devices_ and the health stream
+      // never see it.
+      std::vector<GroupHold> holds;
+      {
+        std::lock_guard lock(holds_mu_);
+        holds = holds_;
+      }
+      LogHeldSiblings(ApplyGroupHeldTaints(&slices, holds, options_.driver_name));
+    }
     absl::StatusOr<kube::PublishResult> result = options_.publish_slices(std::move(slices));
     if (result.ok() && result->binding_conditions_dropped && binding_) {
       // Kubernetes < 1.36 (or the gates off): the scheduler never waits, so nothing is watched; Prepare binds.
@@ -377,9 +396,28 @@ class Driver::Impl {
       ++slice_writes_;
       spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted{})",
                    options_.node_name, result->generation, result->created, result->updated, result->deleted,
-                   result->left_out > 0 ? absl::StrCat("; ", result->left_out, " unhealthy left out") : "");
+                   result->left_out > 0 ? absl::StrCat("; ", result->left_out, " unhealthy or group-held left out")
+                                        : "");
     }
     next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + options_.slice_resync_interval;
+  }
+
+  // One line per GPU that becomes or stops being a held sibling.
+  void LogHeldSiblings(std::map<std::string, HeldSibling> held) {
+    for (const auto& [name, sibling] : held) {
+      auto it = held_logged_.find(name);
+      if (it != held_logged_.end() && it->second == sibling) continue;
+      spdlog::info("DRA device {} ({}): taint {}={}: its IOMMU group is held by {}; off new allocations until "
+                   "that claim is unprepared", name, sibling.bdf, Qualified(options_.driver_name, kTaintGroupHeld),
+                   sibling.group, sibling.claim);
+    }
+    for (const auto& [name, sibling] : held_logged_) {
+      if (!held.contains(name)) {
+        spdlog::info("DRA device {} ({}): IOMMU group {} no longer held by another claim; taint {} removed", name,
+                     sibling.bdf, sibling.group, Qualified(options_.driver_name, kTaintGroupHeld));
+      }
+    }
+    held_logged_ = std::move(held);
   }
 
   // A claim prepared here whose ResourceClaim the API no longer has (deleted while the agent was down, or an
@@ -455,6 +493,7 @@ class Driver::Impl {
         slice_burst_until_ = Clock::now() + kSliceBurst;
         slices_stale_ = true;
       }
+      if (holds_changed_.exchange(false)) slices_stale_ = true;  // a Prepare or Unprepare: republished now
       if (slices_changed_.exchange(false)) {
         // Someone else deleted or changed a slice: put it back now, but after a pass the watch asked for, the
         // next one no sooner than a second later (another writer that keeps changing them gets one write a second).
@@ -531,7 +570,13 @@ class Driver::Impl {
   int slice_writes_ = 0;
   std::string slice_error_;
 
+  // The GPUs claims hold (ClaimPreparer::OnHoldsChanged, under serialize_ on the caller's thread), read by the loop.
+  std::mutex holds_mu_;
+  std::vector<GroupHold> holds_;
+  std::atomic<bool> holds_changed_{false};
+
   // The loop thread's own (Start's Rescan runs before the thread exists).
+  std::map<std::string, HeldSibling> held_logged_;  // the group-held devices of the last slice sync
   bool health_sent_ = false;
   bool slices_stale_ = true;
   Clock::time_point next_health_ = Clock::time_point::max();

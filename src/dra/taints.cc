@@ -1,5 +1,6 @@
 #include "vfio_gpu_agent/dra/taints.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,40 @@ void ApplyHealthTaints(std::vector<GpuDevice>* devices, std::string_view driver,
     }
     device.slice.taints = std::move(taints);
   }
+}
+
+std::map<std::string, HeldSibling> ApplyGroupHeldTaints(std::vector<kube::SliceDevice>* devices,
+                                                        const std::vector<GroupHold>& holds, std::string_view driver) {
+  std::map<std::string, HeldSibling> tainted;
+  if (holds.empty()) return tainted;
+  const std::string group_key = Qualified(driver, kIommuGroupAttribute);
+  const std::string bdf_key(kPciBusIdAttribute);
+  auto share_pod = [](const GroupHold& a, const GroupHold& b) {
+    return std::any_of(a.consumers.begin(), a.consumers.end(), [&](const std::string& pod) {
+      return std::find(b.consumers.begin(), b.consumers.end(), pod) != b.consumers.end();
+    });
+  };
+  for (kube::SliceDevice& device : *devices) {
+    auto group = device.attributes.find(group_key);
+    auto bdf = device.attributes.find(bdf_key);
+    if (group == device.attributes.end() || group->second.kind != kube::DeviceAttribute::Kind::kInt ||
+        bdf == device.attributes.end()) {
+      continue;  // no IOMMU group (or not a whole GPU): nothing to split
+    }
+    for (const GroupHold& hold : holds) {
+      if (hold.group != group->second.number || hold.bdf == bdf->second.text) continue;
+      // The device is free to go with the holder's VM only if that VM already has it: held by the same claim or by
+      // a claim of the same pod. Anything else (free, or held by another pod's claim) stays off new allocations.
+      const bool same_vm = std::any_of(holds.begin(), holds.end(), [&](const GroupHold& own) {
+        return own.bdf == bdf->second.text && (own.claim == hold.claim || share_pod(own, hold));
+      });
+      if (same_vm) continue;
+      device.taints.push_back(Taint(driver, kTaintGroupHeld, std::to_string(hold.group)));
+      tainted[device.name] = {.bdf = bdf->second.text, .group = hold.group, .claim = hold.claim};
+      break;
+    }
+  }
+  return tainted;
 }
 
 std::string WarningText(const GpuDevice& device) {

@@ -380,18 +380,27 @@ absl::StatusOr<PublishResult> ResourceSlicePublisher::PublishOnce(const std::vec
     if (!taints_dropped_ && dropped.taints) {
       taints_dropped_ = *dropped_now = true;
       std::vector<std::string> tainted;
-      for (const SliceDevice& device : devices) {
-        if (KeepsOffTheDevice(device)) tainted.push_back(device.name);
+      for (const SliceDevice &device : devices) {
+        if (KeepsOffTheDevice(device))
+          tainted.push_back(device.name);
       }
-      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' taints (feature gate "
-                   "DRADeviceTaints off, Kubernetes < 1.36); unhealthy devices are left out of the slices from now "
-                   "on instead of tainted: {}", options_.node_name, absl::StrJoin(tainted, ", "));
+      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the "
+                   "devices' taints (feature gate "
+                   "DRADeviceTaints off, Kubernetes < 1.36); devices with a "
+                   "NoSchedule taint (unhealthy, or a GPU whose IOMMU group a "
+                   "claim holds) are left "
+                   "out of the slices from now on instead of tainted: {}",
+                   options_.node_name, absl::StrJoin(tainted, ", "));
     }
     if (!binding_conditions_dropped_ && dropped.binding_conditions) {
       binding_conditions_dropped_ = *dropped_now = true;
-      spdlog::warn("DRA ResourceSlices of node {}: the API server dropped the devices' bindingConditions (feature "
-                   "gates DRADeviceBindingConditions/DRAResourceClaimDeviceStatus off, Kubernetes < 1.36); "
-                   "--binding-conditions falls back to binding in NodePrepareResources", options_.node_name);
+      spdlog::warn(
+          "DRA ResourceSlices of node {}: the API server dropped the devices' "
+          "bindingConditions (feature "
+          "gates DRADeviceBindingConditions/DRAResourceClaimDeviceStatus off, "
+          "Kubernetes < 1.36); "
+          "--binding-conditions falls back to binding in NodePrepareResources",
+          options_.node_name);
     }
   }
   for (size_t i = chunks.size(); i < existing->size(); ++i) {

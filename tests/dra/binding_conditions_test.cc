@@ -277,6 +277,44 @@ TEST_F(BindingConditionsTest, DeallocationOrDeletionBeforePrepareUndoesTheBind) 
   ExpectOn({{kA10First, "nvidia"}, {kA10Second, "nvidia"}});
 }
 
+// A claim bound ahead of Prepare holds its IOMMU group from then on: the group's other GPU is published group-held
+// before any Prepare (the scheduler could otherwise give it to another pod's claim while this pod waits for its
+// condition), and is free again once the scheduler gives the allocation up (issue 31, defect 4).
+TEST_F(BindingConditionsTest, AGpuBoundBeforePrepareHoldsItsGroupInTheSlicesUntilDeallocated) {
+  Json node = Json::parse(fs::ReadTrimmed(sim::NodeFile("a10x2-nvidia.json")).value_or("{}"));
+  for (Json& device : node["devices"]) device["iommu_group"] = 33;
+  std::ofstream(dir_.path() / "shared-group.json") << node.dump();
+  StartHost(dir_.path() / "shared-group.json");
+  StartAgent();
+  // "key=value:effect" of the device's taints in the node's slices.
+  auto taints = [&](const std::string& bdf) {
+    std::string text;
+    auto slices = api_->Slices();
+    if (!slices.ok() || !slices->is_array()) return std::string("no slices");
+    for (const Json& slice : *slices) {
+      for (const Json& device : slice["spec"].value("devices", Json::array())) {
+        if (device.value("name", "") != DeviceName(bdf)) continue;
+        for (const Json& taint : device.value("taints", Json::array())) {
+          absl::StrAppend(&text, text.empty() ? "" : ",", taint.value("key", ""), "=", taint.value("value", ""), ":",
+                          taint.value("effect", ""));
+        }
+      }
+    }
+    return text;
+  };
+  EXPECT_EQ(taints(kA10Second), "");
+  Allocate("uid-1", {kA10First});
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return ConditionTrue("uid-1", kA10First, kBound); }));
+  EXPECT_TRUE(vfio_agent::testing::WaitUntil(
+      [&] { return taints(kA10Second) == "gpu.vfio-agent.cozystack.io/group-held=33:NoSchedule"; }))
+      << taints(kA10Second);
+  // The claim's own GPU is never held against it (a rescan mid-bind may see its group half bound: a health taint).
+  EXPECT_EQ(taints(kA10First).find("group-held"), std::string::npos) << taints(kA10First);
+  ASSERT_TRUE(api_->Control("deallocate vms claim-uid-1").ok());
+  EXPECT_TRUE(vfio_agent::testing::WaitUntil([&] { return taints(kA10Second).empty(); })) << taints(kA10Second);
+  ExpectOn({{kA10First, "nvidia"}, {kA10Second, "nvidia"}});
+}
+
 // An agent restarted between the bind and Prepare keeps the bind (Prepare still moves nothing), and one restarted
 // after the claim was deallocated meanwhile undoes it from the checkpoint.
 TEST_F(BindingConditionsTest, AnAgentRestartBetweenBindAndPrepareKeepsOrUndoesTheBindFromTheCheckpoint) {

@@ -5,6 +5,7 @@
 // operator asks (--dra-taint-no-execute) and only for kinds that mean the device is gone.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,9 @@ inline constexpr std::string_view kTaintConfigSpace = "config-space";        // 
 inline constexpr std::string_view kTaintOther = kUnhealthyTaint;
 // Warnings (None): what `validate` warns about on a device that still serves a VM.
 inline constexpr std::string_view kTaintNoReset = "no-reset-method";  // value: "none"
+// Reserved, not failed (NoSchedule, never in the health stream): a GPU whose IOMMU group holds a GPU another claim
+// has, so allocating it to a new claim would split the group between two VMs. Value: the group.
+inline constexpr std::string_view kTaintGroupHeld = "group-held";
 
 struct TaintPolicy {
   // Opt-in: the kinds that mean the device is gone evict the VMs that hold it (they are dead anyway).
@@ -42,6 +46,29 @@ std::vector<kube::DeviceTaint> WarningTaints(const HostPaths& paths, const std::
 // warnings. D3cold is not one: vfio-pci parks every idle GPU there, so it would flap with use.
 void ApplyHealthTaints(std::vector<GpuDevice>* devices, std::string_view driver, const HostPaths& paths,
                        const TaintPolicy& policy, bool whole_gpus);
+// A whole GPU a claim on this node holds: prepared, or bound ahead of Prepare by the binding worker, or a Prepare
+// cut short whose record is not undone yet (its devices stay held until then).
+struct GroupHold {
+  std::string bdf;
+  int group = 0;                       // its IOMMU group
+  std::string claim;                   // "claim <namespace>/<name> (<uid>)", for the log
+  std::vector<std::string> consumers;  // the pods the claim is reserved for (status.reservedFor UIDs)
+  bool operator==(const GroupHold&) const = default;
+};
+
+// A device ApplyGroupHeldTaints tainted.
+struct HeldSibling {
+  std::string bdf;
+  int group = 0;
+  std::string claim;  // the claim holding the group's other GPU
+  bool operator==(const HeldSibling&) const = default;
+};
+// Adds `<driver>/group-held=<group>` (NoSchedule) to each device whose IOMMU group (its iommuGroup attribute) holds
+// a GPU of `holds`, unless the device itself is held by that claim or by a claim of the same pod. A group is handed
+// to one VM whole (a second open of /dev/vfio/<group> fails EBUSY), so the scheduler must not give the rest of it
+// to another claim; NoSchedule leaves allocations made already alone. Returns the devices it tainted, by name.
+std::map<std::string, HeldSibling> ApplyGroupHeldTaints(std::vector<kube::SliceDevice>* devices,
+                                                        const std::vector<GroupHold>& holds, std::string_view driver);
 // "key=value" of each None taint, for the health stream's message of a healthy device.
 std::string WarningText(const GpuDevice& device);
 
