@@ -20,15 +20,19 @@ absl::Status ListStatus(const absl::StatusOr<ApiResponse>& response, const std::
   return absl::UnavailableError(absl::StrCat(request, ": ", response->code, " ", ServerMessage(*response)));
 }
 
+// What joins a query parameter to `path`.
+const char* Separator(const std::string& path) { return path.find('?') == std::string::npos ? "?" : "&"; }
+
 }  // namespace
 
 ListWatcher::ListWatcher(std::shared_ptr<ApiClient> client, std::string path, std::string what,
-                         std::string thread_name, Handlers handlers)
+                         std::string thread_name, Handlers handlers, int list_page)
     : client_(std::move(client)),
       path_(std::move(path)),
       what_(std::move(what)),
       thread_name_(std::move(thread_name)),
       handlers_(std::move(handlers)),
+      list_page_(list_page),
       cancel_(std::make_unique<StreamCanceller>()) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -46,6 +50,42 @@ ListWatcher::~ListWatcher() {
 bool ListWatcher::WaitBackoff(std::chrono::milliseconds backoff) {
   std::unique_lock lock(mu_);
   return !cv_.wait_for(lock, backoff, [this] { return stopping_.load(); });
+}
+
+absl::StatusOr<Json> ListWatcher::List() {
+  Json whole;
+  std::string continue_token;
+  do {
+    std::string path = path_;
+    if (list_page_ > 0) absl::StrAppend(&path, Separator(path), "limit=", list_page_);
+    if (!continue_token.empty()) absl::StrAppend(&path, "&continue=", continue_token);
+    absl::StatusOr<ApiResponse> page = client_->Send("GET", path, "", "", list_page_ > 0 ? 30s : 10s, &stopping_);
+    if (stopping_) return absl::CancelledError("stopping");
+    if (page.ok() && page->code == 410 && !continue_token.empty()) {
+      continue_token.clear();  // the continue token expired between pages: start over
+      whole = Json();
+      continue;
+    }
+    if (absl::Status status = ListStatus(page, absl::StrCat("GET ", client_->Url(path))); !status.ok()) return status;
+    Json body = Json::parse(page->body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object() || !body.contains("metadata") || !body["metadata"].is_object() ||
+        !body["metadata"].contains("resourceVersion") || !body["metadata"]["resourceVersion"].is_string()) {
+      return absl::DataLossError(absl::StrCat("GET ", client_->Url(path), ": the list has no metadata.resourceVersion"));
+    }
+    continue_token = body["metadata"].value("continue", "");
+    if (whole.is_null()) {
+      whole = std::move(body);
+    } else {
+      // Later pages: their items, and the resourceVersion of the list as a whole (the same on every page).
+      if (body.contains("items") && body["items"].is_array()) {
+        if (!whole.contains("items") || !whole["items"].is_array()) whole["items"] = Json::array();
+        for (Json& item : body["items"]) whole["items"].push_back(std::move(item));
+      }
+      whole["metadata"]["resourceVersion"] = body["metadata"]["resourceVersion"];
+    }
+  } while (!continue_token.empty());
+  whole["metadata"].erase("continue");
+  return whole;
 }
 
 void ListWatcher::Run() {
@@ -68,26 +108,18 @@ void ListWatcher::Run() {
   while (!stopping_) {
     if (version.empty()) {
       ++lists_;
-      absl::StatusOr<ApiResponse> list = client_->Send("GET", path_, "", "", 10s, &stopping_);
+      absl::StatusOr<Json> body = List();
       if (stopping_) return;
-      absl::Status status = ListStatus(list, absl::StrCat("GET ", client_->Url(path_)));
-      Json body;
-      if (status.ok()) body = Json::parse(list->body, nullptr, /*allow_exceptions=*/false);
-      if (status.ok() && (!body.is_object() || !body.contains("metadata") || !body["metadata"].is_object() ||
-                          !body["metadata"].contains("resourceVersion") ||
-                          !body["metadata"]["resourceVersion"].is_string())) {
-        status = absl::DataLossError("the list has no metadata.resourceVersion");
-      }
-      if (!status.ok()) {
-        if (!failed(std::string(status.message()))) return;
+      if (!body.ok()) {
+        if (!failed(std::string(body.status().message()))) return;
         continue;
       }
-      version = body["metadata"]["resourceVersion"].get<std::string>();
-      if (handlers_.listed) handlers_.listed(body, listed);
+      version = (*body)["metadata"]["resourceVersion"].get<std::string>();
+      if (handlers_.listed) handlers_.listed(*body, listed);
       listed = true;
     }
     const int timeout_seconds = std::uniform_int_distribution<int>(300, 600)(random);
-    const std::string path = absl::StrCat(path_, "&watch=true&allowWatchBookmarks=true&resourceVersion=", version,
+    const std::string path = absl::StrCat(path_, Separator(path_), "watch=true&allowWatchBookmarks=true&resourceVersion=", version,
                                           "&timeoutSeconds=", timeout_seconds);
     ++watches_;
     bool gone = false;

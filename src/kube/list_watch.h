@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
 namespace vfio_agent::kube {
@@ -29,9 +30,11 @@ class ListWatcher {
     std::function<void(const std::string& type, const nlohmann::json& object)> event;
   };
 
-  // `path`: the collection with its selector, holding a '?' already. `what` names it in logs ("ResourceSlices").
+  // `path`: the collection, with its selector if any. `what` names it in logs ("ResourceSlices"). `list_page` > 0
+  // lists in pages of that many objects (limit and continue, as client-go's pager; a continue token that expires
+  // between pages starts the list over), handed to `listed` as one list: a cluster-wide collection.
   ListWatcher(std::shared_ptr<ApiClient> client, std::string path, std::string what, std::string thread_name,
-              Handlers handlers);
+              Handlers handlers, int list_page = 0);
   ~ListWatcher();  // stops the thread and waits for it
   ListWatcher(const ListWatcher&) = delete;
   ListWatcher& operator=(const ListWatcher&) = delete;
@@ -41,6 +44,8 @@ class ListWatcher {
 
  private:
   void Run();
+  // One whole list (every page), or the first error; `stopping_` ends it early with an error.
+  absl::StatusOr<nlohmann::json> List();
   bool WaitBackoff(std::chrono::milliseconds backoff);  // false when stopping
 
   const std::shared_ptr<ApiClient> client_;
@@ -48,6 +53,7 @@ class ListWatcher {
   const std::string what_;
   const std::string thread_name_;
   const Handlers handlers_;
+  const int list_page_;
   std::unique_ptr<StreamCanceller> cancel_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> watches_{0};

@@ -4,7 +4,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <random>
 #include <set>
 #include <vector>
 #include <thread>
@@ -13,6 +12,7 @@
 #include "api_client.h"
 #include "config.h"
 #include "lease.h"
+#include "list_watch.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/thread_name.h"
@@ -106,17 +106,34 @@ class Routing {
           std::shared_ptr<RouterCounters> counters)
       : client_(std::move(client)), options_(options), counters_(std::move(counters)) {
     for (int i = 0; i < kLabelWriters; ++i) writers_.emplace_back([this] { WriteLabels(); });
-    watcher_ = std::thread([this] { Watch(); });
+    // Every list (the first, and after a 410: what the watch missed) considers every claim again.
+    watcher_ = std::make_unique<kube::ListWatcher>(
+        client_, kClaimsPath, "ResourceClaims", "claim-watch",
+        kube::ListWatcher::Handlers{
+            .listed =
+                [this](const Json& list, bool /*relisted*/) {
+                  ++counters_->lists;
+                  if (!list.contains("items") || !list["items"].is_array()) return;
+                  for (const Json& claim : list["items"]) Consider(claim);
+                },
+            .event =
+                [this](const std::string& type, const Json& claim) {
+                  ++counters_->events;
+                  if (type == "DELETED") {
+                    Forget(claim);
+                  } else {
+                    Consider(claim);
+                  }
+                }},
+        kListPage);
   }
   ~Routing() {
     {
       std::lock_guard lock(queue_.mu);
       queue_.stopping = true;
     }
-    stopping_ = true;
-    cancel_.Cancel();
     queue_.cv.notify_all();
-    watcher_.join();
+    watcher_.reset();  // joins its thread: no Consider after this
     for (std::thread& writer : writers_) writer.join();
   }
 
@@ -151,133 +168,6 @@ class Routing {
     if (!claim.contains("metadata") || !claim["metadata"].is_object()) return;
     std::lock_guard lock(queue_.mu);
     queue_.items.erase(absl::StrCat(claim["metadata"].value("namespace", ""), "/", claim["metadata"].value("name", "")));
-  }
-
-  // Lists every claim, a page at a time; the list's resourceVersion, from which the watch goes on.
-  absl::StatusOr<std::string> List() {
-    ++counters_->lists;
-    std::string continue_token;
-    std::string version;
-    do {
-      std::string path = absl::StrCat(kClaimsPath, "?limit=", kListPage);
-      if (!continue_token.empty()) absl::StrAppend(&path, "&continue=", continue_token);
-      absl::StatusOr<kube::ApiResponse> page = client_->Send("GET", path, "", "", 30s, &stopping_);
-      if (!page.ok()) return kube::TransportError(page.status());
-      if (page->code == 410) {
-        continue_token.clear();  // the continue token expired between pages: start over
-        continue;
-      }
-      if (page->code / 100 != 2) {
-        return absl::UnavailableError(absl::StrCat("GET ", client_->Url(path), ": ", page->code, " ",
-                                                   kube::ServerMessage(*page)));
-      }
-      const Json list = Json::parse(page->body, nullptr, /*allow_exceptions=*/false);
-      if (!list.is_object() || !list.contains("items") || !list["items"].is_array() || !list.contains("metadata") ||
-          !list["metadata"].is_object()) {
-        return absl::DataLossError(absl::StrCat("GET ", client_->Url(path), ": the answer is not a list"));
-      }
-      for (const Json& claim : list["items"]) Consider(claim);
-      version = list["metadata"].value("resourceVersion", "");
-      continue_token = list["metadata"].value("continue", "");
-    } while (!continue_token.empty() && !stopping_);
-    if (version.empty()) return absl::DataLossError("the list of ResourceClaims has no metadata.resourceVersion");
-    return version;
-  }
-
-  bool WaitBackoff(std::chrono::milliseconds backoff) {
-    std::unique_lock lock(queue_.mu);
-    return !queue_.cv.wait_for(lock, backoff, [this] { return queue_.stopping; });
-  }
-
-  void Watch() {
-    NameThisThread("claim-watch");
-    constexpr std::chrono::milliseconds kFirstBackoff = 1s;
-    constexpr std::chrono::milliseconds kMaxBackoff = 30s;
-    std::chrono::milliseconds backoff = kFirstBackoff;
-    std::string version;
-    std::string failing;
-    std::mt19937 random(std::random_device{}());
-    auto failed = [&](const std::string& why) {
-      if (why != failing) spdlog::warn("claim-router: watch of ResourceClaims: {}; retried in {} s", why, backoff.count() / 1000);
-      failing = why;
-      if (!WaitBackoff(backoff)) return false;
-      backoff = std::min(backoff * 2, kMaxBackoff);
-      return true;
-    };
-    while (!stopping_) {
-      if (version.empty()) {
-        absl::StatusOr<std::string> listed = List();
-        if (stopping_) return;
-        if (!listed.ok()) {
-          if (!failed(std::string(listed.status().message()))) return;
-          continue;
-        }
-        version = *listed;
-      }
-      // As client-go's reflector: a random 5 to 10 minutes, so that replicas' watches do not all end together.
-      const int timeout_seconds = std::uniform_int_distribution<int>(300, 600)(random);
-      const std::string path = absl::StrCat(kClaimsPath, "?watch=true&allowWatchBookmarks=true&resourceVersion=",
-                                            version, "&timeoutSeconds=", timeout_seconds);
-      ++counters_->watches;
-      bool gone = false;
-      std::string error;
-      const auto started = std::chrono::steady_clock::now();
-      absl::StatusOr<kube::ApiResponse> answer = client_->Stream(
-          path,
-          [&](absl::string_view line) {
-            const Json event = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-            if (!event.is_object() || !event.contains("type") || !event["type"].is_string() ||
-                !event.contains("object") || !event["object"].is_object()) {
-              error = absl::StrCat("not a watch event: ", line.substr(0, 200));
-              return false;
-            }
-            const std::string type = event["type"].get<std::string>();
-            const Json& object = event["object"];
-            if (type == "ERROR") {
-              if (object.value("code", 0) == 410) {
-                gone = true;
-              } else {
-                error = absl::StrCat("ERROR event: ", object.value("code", 0), " ", object.value("message", ""));
-              }
-              return false;
-            }
-            if (object.contains("metadata") && object["metadata"].is_object() &&
-                object["metadata"].contains("resourceVersion") && object["metadata"]["resourceVersion"].is_string()) {
-              version = object["metadata"]["resourceVersion"].get<std::string>();
-            }
-            if (type == "BOOKMARK") return true;
-            ++counters_->events;
-            if (type == "DELETED") {
-              Forget(object);
-            } else {
-              Consider(object);
-            }
-            return true;
-          },
-          std::chrono::seconds(timeout_seconds + 30), cancel_);
-      if (stopping_) return;
-      if (answer.ok() && answer->code == 410) gone = true;
-      if (gone) {
-        // Compacted away: list again; the list is what we missed (every claim is considered again).
-        spdlog::info("claim-router: watch of ResourceClaims from resourceVersion {} is gone (410); listing again",
-                     version);
-        version.clear();
-        continue;
-      }
-      if (!answer.ok()) error = std::string(answer.status().message());
-      if (error.empty() && answer->code / 100 != 2) error = absl::StrCat(answer->code, " ", kube::ServerMessage(*answer));
-      if (!error.empty()) {
-        if (!failed(error)) return;
-        continue;
-      }
-      if (std::chrono::steady_clock::now() - started < kFirstBackoff) {
-        if (!failed("the server ended the watch at once")) return;
-        continue;
-      }
-      if (!failing.empty()) spdlog::info("claim-router: watching ResourceClaims again");
-      failing.clear();
-      backoff = kFirstBackoff;
-    }
   }
 
   void WriteLabels() {
@@ -375,11 +265,9 @@ class Routing {
   const std::shared_ptr<kube::ApiClient> client_;
   const RouterOptions options_;
   const std::shared_ptr<RouterCounters> counters_;
-  kube::StreamCanceller cancel_;
-  std::atomic<bool> stopping_{false};
   LabelQueue queue_;
   std::vector<std::thread> writers_;
-  std::thread watcher_;
+  std::unique_ptr<kube::ListWatcher> watcher_;  // its thread ("claim-watch") calls Consider and Forget
 };
 
 struct ClaimRouter::Impl {

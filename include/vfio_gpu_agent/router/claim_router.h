@@ -65,7 +65,6 @@ struct RouterOptions {
 struct RouterCounters {
   std::atomic<uint64_t> terms{0};          // times this replica became the leader
   std::atomic<uint64_t> lists{0};          // cluster-wide lists of claims (the first and after every 410)
-  std::atomic<uint64_t> watches{0};        // watch requests
   std::atomic<uint64_t> events{0};         // claim watch events read
   std::atomic<uint64_t> labeled{0};        // PATCHes that set the label
   std::atomic<uint64_t> unlabeled{0};      // PATCHes that removed it
