@@ -1192,10 +1192,10 @@ def make_handler(state):
                         pending = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                     "message": f"invalid resource version: {rv_text}", "reason": "BadRequest", "code": 400}}]
                         last = None
-                    elif int(rv_text) < oldest_rv:
+                    elif int(rv_text) < state.oldest_rv:
                         pending = [{"type": "ERROR", "object": {
                             "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-                            "message": f"too old resource version: {rv_text} ({oldest_rv})"}}]
+                            "message": f"too old resource version: {rv_text} ({state.oldest_rv})"}}]
                         last = None
                     else:
                         last = int(rv_text)
