@@ -102,11 +102,11 @@ render "$out/overlays/dra/deviceclasses.yaml" "values-dra.yaml" -f "$chart/value
 kustomization "$out/overlays/dra/kustomization.yaml" \
   "# A DRA node (kubelet DRA driver, DeviceClasses per GPU model), in its own namespace: kubectl apply -k daemonset/overlays/dra" \
   namespace.yaml "${AGENT_FILES[@]}" deviceclasses.yaml
-b=(-f "$chart/values-dra.yaml" --set dra.bindingConditions.enabled=true)
+b=(-f "$chart/values-dra.yaml" --set dra.bindingConditions.enabled=true --set dra.bindOnPrepare=true)
 render "$out/overlays/dra-binding/namespace.yaml" "values-dra.yaml" "${b[@]}" --show-only templates/namespace.yaml
-tree "$out/overlays/dra-binding" "values-dra.yaml, dra.bindingConditions.enabled=true" "${b[@]}"
+tree "$out/overlays/dra-binding" "values-dra.yaml, dra.bindingConditions.enabled=true, dra.bindOnPrepare=true" "${b[@]}"
 render "$out/overlays/dra-binding/deviceclasses.yaml" "values-dra.yaml" "${b[@]}" --show-only templates/deviceclasses.yaml
-render "$out/overlays/dra-binding/claim-router.yaml" "values-dra.yaml, dra.bindingConditions.enabled=true" "${b[@]}" \
+render "$out/overlays/dra-binding/claim-router.yaml" "values-dra.yaml, dra.bindingConditions.enabled=true, dra.bindOnPrepare=true" "${b[@]}" \
   --show-only templates/claim-router.yaml
 kustomization "$out/overlays/dra-binding/kustomization.yaml" \
   "# A DRA node with binding conditions (GPUs prepared before the pod is bound) and the claim router: kubectl apply -k daemonset/overlays/dra-binding" \

@@ -26,12 +26,27 @@ absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::strin
   RecordedDrivers moved;    // on vfio-pci now
   RecordedDrivers touched;  // written to but not moved (override set, or a write the kernel still holds)
   std::vector<std::string> failures;
-  for (const binding::DeviceResult& device : report->devices) {
-    if (device.outcome == binding::Outcome::kBound) {
-      moved[device.bdf] = device.driver_before;
-    } else if (device.outcome == binding::Outcome::kFailed || device.outcome == binding::Outcome::kBlocked) {
-      failures.push_back(absl::StrCat(device.bdf, " ", binding::OutcomeName(device.outcome), ": ", device.reason));
-      if (!device.steps.empty()) touched[device.bdf] = device.driver_before;
+  {
+    std::lock_guard lock(abandoned_mu_);
+    for (const binding::DeviceResult& device : report->devices) {
+      if (device.outcome == binding::Outcome::kBound) {
+        auto abandoned = abandoned_.find(device.bdf);
+        // On no driver because an unbind we gave up on completed later: the host's driver is the one it had.
+        const bool completed_late = abandoned != abandoned_.end() && device.driver_before.empty();
+        moved[device.bdf] = completed_late ? abandoned->second : device.driver_before;
+        if (completed_late) {
+          spdlog::info("DRA bind {}: on no driver since an abandoned unbind completed; recorded as {}", device.bdf,
+                       abandoned->second);
+        }
+        if (abandoned != abandoned_.end()) abandoned_.erase(abandoned);
+      } else if (device.outcome == binding::Outcome::kFailed || device.outcome == binding::Outcome::kBlocked) {
+        failures.push_back(absl::StrCat(device.bdf, " ", binding::OutcomeName(device.outcome), ": ", device.reason));
+        if (!device.steps.empty()) touched[device.bdf] = device.driver_before;
+        // A write abandoned to the kernel (kBlocked): it may still take the function off its driver.
+        if (device.failure == binding::Failure::kWriteDeadline && !device.driver_before.empty()) {
+          abandoned_.try_emplace(device.bdf, device.driver_before);
+        }
+      }
     }
   }
   if (report->ok()) return moved;

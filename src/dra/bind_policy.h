@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,12 @@ class BindOnPrepare {
  private:
   HostPaths paths_;
   pci::SelectionPolicy policy_;
+  // Functions whose unbind a failed Bind abandoned while the kernel still held it (nvidia's unbind waits for the
+  // GPU's holder), BDF -> the driver they had. The kernel completes that write when the holder lets go: the
+  // function is then on no driver through no choice of the host's, and the next Bind records the driver kept here
+  // instead, so that Unprepare returns the GPU to nvidia and not to nothing.
+  mutable std::mutex abandoned_mu_;
+  mutable std::map<std::string, std::string> abandoned_;
 };
 
 // The IOMMU group of a function (its iommu_group link); nullopt without one, or when the function is gone.

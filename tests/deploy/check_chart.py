@@ -44,7 +44,8 @@ TREES = {
     "overlays/cdi": ["-f", "values-passthrough.yaml", "--set", "cdi.enabled=true"],
     "overlays/hgx": ["-f", "values-hgx.yaml"],
     "overlays/dra": ["-f", "values-dra.yaml"],
-    "overlays/dra-binding": ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"],
+    "overlays/dra-binding": ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true", "--set",
+                             "dra.bindOnPrepare=true"],
     "overlays/vgpu": ["-f", "values-vgpu.yaml"],
 }
 
@@ -208,6 +209,8 @@ def cmd_render(c, args):
         c.check(("--nvswitches" in args_) == (variant == "values-hgx.yaml"),
                 f"[{variant}] --nvswitches in args is {'--nvswitches' in args_}, the variant says otherwise")
         c.check("--bind-on-prepare" not in args_, f"[{variant}] --bind-on-prepare without dra.bindOnPrepare")
+        c.check("--binding-conditions" not in args_,
+                f"[{variant}] --binding-conditions without dra.bindingConditions.enabled")
     for role in NODE_ROLES:
         render(f"cozystack+{role}", ["-f", "values-cozystack.yaml", "-f", role],
                {"namespace": "cozy-gpu-operator", "owns_namespace": False, "cdi": False,
@@ -346,6 +349,11 @@ def cmd_render(c, args):
     docs = render("dra bindingConditions", ["-f", "values-dra.yaml", "--set", "dra.bindingConditions.enabled=true"])
     if docs:
         cm.check_claim_router(c, "[dra bindingConditions]", docs, pdb=True)
+        # The agent itself must be told: without the flag it publishes no binding conditions and never watches.
+        args_ = container(docs)["args"]
+        c.check(args_.count("--binding-conditions") == 1 and "--kubelet-api=dra" in args_
+                and args_.index("--kubelet-api=dra") < args_.index("--binding-conditions"),
+                f"[dra bindingConditions] args {args_}")
     docs = render("dra bindingConditions without PDB", ["-f", "values-dra.yaml", "--set",
                                                         "dra.bindingConditions.enabled=true", "--set",
                                                         "dra.bindingConditions.router.podDisruptionBudget=false"])

@@ -222,6 +222,29 @@ TEST_F(BindOnPrepareTest, AHeldGpuFailsTheClaimInTimeNamingTheHolderWithNothingH
   ASSERT_TRUE(sim_->Control(absl::StrCat("release ", kQuadro)).ok());
 }
 
+// The unbind the agent gave up on stays in the kernel and completes when the holder lets go, leaving the GPU on no
+// driver (seen on the real cluster, tests/deploy/records/binding.md). The next claim binds it; its Unprepare must
+// return it to nvidia, the driver it had before the abandoned write, not to "no driver".
+TEST_F(BindOnPrepareTest, AGpuAnAbandonedUnbindLeftOnNoDriverReturnsToItsDriverAfterTheNextClaim) {
+  StartHost(sim::NodeFile("workstation-gpu-audio-usb.json"), {absl::StrCat("unbind-delay ", kQuadro, " -1")});
+  {
+    vfio_agent::testing::HoldingProcess cuda_app(sim_->dev_root() / "nvidia0");
+    StartAgent();
+    AddClaim("uid-1", {kQuadro});
+    EXPECT_THAT(Prepare("uid-1"), HasSubstr(absl::StrCat(kQuadro, " blocked: unbind from nvidia")));
+    ExpectOn(kQuadroGroup);
+  }
+  // The holder is gone: the kernel finishes the abandoned unbind.
+  ASSERT_TRUE(sim_->Control(absl::StrCat("unbind-delay ", kQuadro, " 0")).ok());
+  ASSERT_TRUE(sim_->Control(absl::StrCat("release ", kQuadro)).ok());
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return DriverOf(kQuadro).empty(); })) << DriverOf(kQuadro);
+  AddClaim("uid-2", {kQuadro});
+  ASSERT_EQ(Prepare("uid-2"), "");
+  EXPECT_EQ(DriverOf(kQuadro), "vfio-pci");
+  ASSERT_EQ(Unprepare("uid-2"), "");
+  ExpectOn(kQuadroGroup);
+}
+
 // The GPU and its audio function are on vfio-pci when the USB controller's unbind blocks: both go back before the
 // claim is answered.
 TEST_F(BindOnPrepareTest, FunctionsAlreadyMovedGoBackWhenALaterOneOfTheGroupBlocks) {
