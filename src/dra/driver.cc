@@ -391,7 +391,12 @@ class Driver::Impl {
     }
     slice_error_.clear();
     slices_stale_ = false;
-    if (result->others_meanwhile) slices_changed_ = true;  // a watch report held back during our writes
+    if (result->others_meanwhile) {
+      // A watch report held back during our writes: someone else changed a slice meanwhile. Set here, on the loop's
+      // own thread, it must also wake the wait that follows, or it is seen only at the next wake-up (the resync).
+      slices_changed_ = true;
+      wakeup_.Notify();
+    }
     if (result->changed()) {
       ++slice_writes_;
       spdlog::info("DRA ResourceSlices of node {}: generation {} ({} created, {} updated, {} deleted{})",
