@@ -266,6 +266,45 @@ on_nvidia=0
 for gpu in $GPUS; do [ "$(driver_of $gpu)" = nvidia ] && on_nvidia=$((on_nvidia + 1)); done
 expect "8 GPUs on nvidia while no claim holds them ($on_nvidia)" [ "$on_nvidia" = 8 ]
 
+# BINDING_REST_SECONDS=N: the node at rest for N s with the claim watch on (no claim, nothing changing), then the
+# agent's and the router's requests in that window as the API server's audit log has them (its ServiceAccount
+# requests), per minute. Off by default: it measures, it checks nothing.
+if [ "${BINDING_REST_SECONDS:-0}" -gt 0 ]; then
+    echo "== at rest for $BINDING_REST_SECONDS s: requests by the agent and the router (audit log)"
+    rest_from=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
+    sleep "$BINDING_REST_SECONDS"
+    rest_to=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
+    python3 - "$WORK/state/audit.log" "$rest_from" "$rest_to" "$BINDING_REST_SECONDS" <<'PY' | sed 's/^/   /'
+import collections, json, sys
+log, start, end, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+who = collections.Counter()
+what = collections.Counter()
+seen = set()
+for line in open(log):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    # A request counts once (a watch has a line per stage), by when it was received.
+    if e.get("auditID") in seen:
+        continue
+    seen.add(e.get("auditID"))
+    user = (e.get("user") or {}).get("username", "")
+    if not (user.endswith(":vfio-gpu-agent") or user.endswith(":vfio-gpu-agent-claim-router")):
+        continue
+    t = e.get("requestReceivedTimestamp", "")
+    if not (start <= t < end):
+        continue
+    role = "router" if user.endswith("claim-router") else "agent"
+    who[role] += 1
+    what[(role, e.get("verb"), e.get("requestURI", "").split("?")[0])] += 1
+for role in ("agent", "router"):
+    print(f"{role}: {who[role]} requests in {seconds:.0f} s = {who[role] * 60 / seconds:.2f} per minute")
+for (role, verb, uri), n in sorted(what.items()):
+    print(f"  {role} {verb} {uri}: {n}")
+PY
+fi
+
 echo "== 2. free GPU: claim free-gpu, pod free"
 claim free-gpu
 watch_to "$TMP/free-claim.json" resourceclaim free-gpu
