@@ -108,7 +108,7 @@ void Daemon::Impl::Loop() {
     const bool watched = WatchedLabels().has_value();  // then the watch says when a label changed: no poll
     if (reporter_ && !watched) next = std::min(next, next_label_check_);
     for (const auto& [bdf, backoff] : backoff_) next = std::min(next, backoff.next);
-    next = std::min(next, settle_rescan_);
+    next = std::min({next, settle_rescan_, next_safety_scan_});
     const auto wait = std::chrono::ceil<milliseconds>(next - Clock::now());
     const int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, max_wait.count()));
     const int uevent_fd = uevents_ ? uevents_->fd() : -1;  // poll(2) skips a negative fd
@@ -152,6 +152,13 @@ void Daemon::Impl::Loop() {
     if (refused_ && now >= next_coexistence_) pass = true;
     if (reporter_ && !WatchedLabels() && now >= next_label_check_ && WorkloadLabelChanged()) pass = true;
     for (const auto& [bdf, backoff] : backoff_) pass = pass || now >= backoff.next;
+    if (!pass && now >= next_safety_scan_) {
+      // --rescan-interval: what no event reports (a config space that stopped answering) is found by a scan, and
+      // the frontend hears it from the source without a whole pass, as when it rescanned on its own.
+      if (absl::StatusOr<std::shared_ptr<const node::State>> state = Scan(); !state.ok()) {
+        spdlog::warn("reconcile: rescan: {}", state.status().ToString());
+      }
+    }
     if (!pass) continue;
     if (absl::Status status = Pass(); !status.ok()) spdlog::error("reconcile: {}", status.ToString());
   }

@@ -228,6 +228,7 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   // Rescans the shared source. A scan that starts kSettleRescan after a device event is that event's second look.
   absl::StatusOr<std::shared_ptr<const node::State>> Scan() {
     if (Clock::now() >= settle_rescan_) settle_rescan_ = Clock::time_point::max();
+    next_safety_scan_ = Clock::now() + options_.serve.rescan_interval;
     return source_.Rescan();
   }
   // After this pass's binds, before their scan: the inotify events and uevents the binds caused are news that scan
@@ -328,6 +329,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   node::DirWatcher dirs_;
   node::Wakeup wakeup_;
   Clock::time_point settle_rescan_ = Clock::time_point::max();  // a second look after a device event
+  // --rescan-interval: the next scan that no event asked for (the loop's; every scan moves it).
+  Clock::time_point next_safety_scan_ = Clock::time_point::max();
   std::thread loop_;
   std::atomic<bool> ready_{false};
   std::atomic<Clock::rep> heartbeat_{0};

@@ -13,6 +13,7 @@
 namespace vfio_agent::daemon::testing {
 namespace {
 
+using plugin::testing::kH200;
 using plugin::testing::kH200Gpus;
 using plugin::testing::Node;
 
@@ -50,6 +51,28 @@ TEST(RunScansTest, APassScansSysfsOnceAndAReboundGpuIsServedFromThePassesScans) 
     daemon.ReconcileNow();
     return DriverOf(*node, bdf) == "vfio-pci" && daemon.State().ready;
   })) << daemon.State().message;
+  daemon.Stop();
+}
+
+
+// What no event reports (a GPU whose config space stops answering: no uevent, no inotify) is found by the
+// --rescan-interval scan of the shared source, not only by the next full pass (an hour here): the kubelet sees the
+// GPU unhealthy. The frontend rescanned on its own before one node::Source per process; the loop does it now.
+TEST(RunScansTest, ADeadConfigSpaceIsFoundByTheRescanIntervalNotTheResync) {
+  auto created = Node::Create("hgx-h200-8gpu.json");
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Node> node = *std::move(created);
+  kubeletsim::Options kubelet;
+  kubelet.pod_resources_socket = PodResourcesSocket(*node);
+  ASSERT_TRUE(node->StartKubelet(kubelet).ok());
+  DaemonOptions options = PassthroughDaemonOptions(*node);
+  options.resync_interval = std::chrono::hours(1);
+  options.serve.rescan_interval = std::chrono::milliseconds(50);
+  Daemon daemon(options, nullptr);
+  ASSERT_TRUE(daemon.Start().ok());
+  ASSERT_TRUE(node->WaitForCounts(kH200, 8, 8));
+  ASSERT_TRUE(node->Control("dead " + kH200Gpus[5] + " 1").ok());
+  EXPECT_TRUE(node->WaitForCounts(kH200, 8, 7));
   daemon.Stop();
 }
 
