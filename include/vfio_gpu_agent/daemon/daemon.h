@@ -1,8 +1,9 @@
 // The engine of `run`, the DaemonSet's process: one reconcile loop owns the node (every selected GPU and its
 // group's companions on their vfio driver, bound with per-device backoff, never unbound; in mode vm-vgpu the
 // vGPUs, GPUs on vfio going back to nvidia), one kubelet frontend (node::Frontend: the device plugin or the DRA
-// driver) serves what is bound (or the vGPUs) from the loop's scans, and the node's state is published: gRPC health (liveness, readiness), Prometheus metrics, the validator's status
-// files, and the GPUPassthroughReady node condition and events through the Kubernetes API when there is one.
+// driver) serves what is bound (or the vGPUs) from the loop's scans, and the node's state is published: gRPC
+// health (liveness, readiness), Prometheus metrics, the validator's status files, and the GPUPassthroughReady
+// node condition and events through the Kubernetes API when there is one.
 #pragma once
 
 #include <chrono>
