@@ -231,6 +231,21 @@ absl::Status TransportError(const absl::Status& status) {
   }
 }
 
+absl::Status AnswerStatus(const absl::StatusOr<ApiResponse>& response, absl::string_view request) {
+  if (!response.ok()) return TransportError(response.status());
+  if (response->code / 100 == 2) return absl::OkStatus();
+  const std::string what = absl::StrCat(request, ": ", response->code, " ", ServerMessage(*response));
+  switch (response->code) {
+    case 401: return absl::UnauthenticatedError(what);
+    case 403: return absl::PermissionDeniedError(what);
+    case 404: return absl::NotFoundError(what);
+    case 409: return absl::AbortedError(what);
+    case 400:
+    case 422: return absl::InvalidArgumentError(what);
+    default: return absl::UnavailableError(what);
+  }
+}
+
 absl::StatusOr<ApiResponse> GetOk(ApiClient& client, absl::string_view path, std::chrono::milliseconds timeout) {
   absl::StatusOr<ApiResponse> response = client.Send("GET", path, "", "", timeout);
   if (!response.ok()) return TransportError(response.status());

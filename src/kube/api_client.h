@@ -85,6 +85,12 @@ std::string ServerMessage(const ApiResponse& response);
 // A Send's own failure as a reader reports it: DeadlineExceeded and Unauthenticated kept, the rest Unavailable.
 absl::Status TransportError(const absl::Status& status);
 
+// What the answer to `request` ("METHOD URL") means to its caller: OK for any 2xx; else the request, the code and
+// the server's words as Unauthenticated (401), PermissionDenied (403), NotFound (404), Aborted (409: someone else
+// wrote meanwhile, ask again), InvalidArgument (400, 422) or Unavailable (any other code). A Send's own failure is
+// TransportError's: a connection cut mid-request is Unavailable, so Aborted always means the server's 409.
+absl::Status AnswerStatus(const absl::StatusOr<ApiResponse>& response, absl::string_view request);
+
 // A GET of one object or list, whose answer must be 2xx. Errors name the URL and what the server said: NotFound
 // (404), PermissionDenied (403), Unauthenticated (401 or an unreadable token file), DeadlineExceeded, Unavailable
 // for everything else (unreachable, TLS, 429, 5xx, other codes, a cut connection).

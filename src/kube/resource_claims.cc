@@ -28,21 +28,6 @@ std::string PercentEscape(std::string_view text) {
   return out;
 }
 
-absl::Status WriteStatus(const absl::StatusOr<ApiResponse>& response, const std::string& request) {
-  if (!response.ok()) return TransportError(response.status());
-  if (response->code / 100 == 2) return absl::OkStatus();
-  const std::string what = absl::StrCat(request, ": ", response->code, " ", ServerMessage(*response));
-  switch (response->code) {
-    case 401: return absl::UnauthenticatedError(what);
-    case 403: return absl::PermissionDeniedError(what);
-    case 404: return absl::NotFoundError(what);
-    case 409: return absl::AbortedError(what);
-    case 400:
-    case 422: return absl::InvalidArgumentError(what);
-    default: return absl::UnavailableError(what);
-  }
-}
-
 }  // namespace
 
 ResourceClaimWatch::ResourceClaimWatch(std::shared_ptr<ApiClient> client, std::string path, Handlers handlers) {
@@ -108,7 +93,7 @@ absl::Status ResourceClaimClient::ApplyDeviceStatus(const ResourceClaim& claim,
   const std::string path =
       absl::StrCat("/apis/resource.k8s.io/v1/namespaces/", claim.namespace_name, "/resourceclaims/", claim.name,
                    "/status?fieldManager=", PercentEscape(options_.driver), "&force=true");
-  return WriteStatus(client_->Send("PATCH", path, "application/apply-patch+yaml", body.dump(), options_.timeout),
+  return AnswerStatus(client_->Send("PATCH", path, "application/apply-patch+yaml", body.dump(), options_.timeout),
                      absl::StrCat("PATCH ", client_->Url(path)));
 }
 

@@ -26,22 +26,6 @@ struct ExistingSlice {
   std::vector<SliceDevice> devices;  // sorted by name
 };
 
-// What a request's answer means to the caller: its error, with the request and the server's words.
-absl::Status AnswerStatus(const absl::StatusOr<ApiResponse>& response, const std::string& request) {
-  if (!response.ok()) return response.status();
-  if (response->code >= 200 && response->code < 300) return absl::OkStatus();
-  const std::string what = absl::StrCat(request, ": ", response->code, " ", ServerMessage(*response));
-  switch (response->code) {
-    case 401: return absl::UnauthenticatedError(what);
-    case 403: return absl::PermissionDeniedError(what);
-    case 404: return absl::NotFoundError(what);
-    case 409: return absl::AbortedError(what);
-    case 400:
-    case 422: return absl::InvalidArgumentError(what);
-    default: return absl::UnavailableError(what);
-  }
-}
-
 Json AttributeJson(const DeviceAttribute& attribute) {
   switch (attribute.kind) {
     case DeviceAttribute::Kind::kString: return {{"string", attribute.text}};

@@ -230,6 +230,13 @@ TEST_F(ResourceSlicesTest, TheServersRefusalsAreErrorsThatNameTheRequest) {
   auto settled = publisher_->Publish(Gpus(2));
   ASSERT_TRUE(settled.ok()) << settled.status();
   EXPECT_EQ(Stored()[0]["spec"]["devices"].size(), 2u);
+
+  // A connection cut mid-answer is the transport's failure: Unavailable, naming the request, never the Aborted that
+  // means the server's 409.
+  ASSERT_TRUE(api_->Control(absl::StrCat("cut GET ", kSlices, " 1")).ok());
+  auto cut = publisher_->Publish(Gpus(1));
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kUnavailable) << cut.status();
+  EXPECT_THAT(cut.status().message(), HasSubstr(absl::StrCat("GET ", api_->url(), kSlices)));
 }
 
 std::vector<SliceDevice> TaintedGpus(int count, int tainted) {
