@@ -124,14 +124,8 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
       : options_(std::move(options)),
         reporter_(std::move(reporter)),
         uevents_(std::move(uevents)),
-        source_({.paths = options_.serve.paths,
-                 .policy = options_.serve.policy,
-                 .workload = options_.serve.workload,
-                 .pci_ids = options_.serve.pci_ids,
-                 .domain = options_.serve.domain,
-                 .overrides = options_.serve.overrides,
-                 .vgpu_catalog_file = options_.serve.vgpu_catalog_file,
-                 .build = {.bind_on_prepare = options_.dra && options_.dra->bind_on_prepare}}),
+        source_(node::SourceOptionsOf(options_.serve,
+                                      {.bind_on_prepare = options_.dra && options_.dra->bind_on_prepare})),
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;

@@ -99,17 +99,7 @@ class Driver::Impl {
  public:
   explicit Impl(DriverOptions options)
       : options_(std::move(options)),
-        own_source_(options_.source != nullptr
-                        ? nullptr
-                        : std::make_unique<node::Source>(node::SourceOptions{
-                              .paths = options_.paths,
-                              .policy = options_.policy,
-                              .workload = options_.workload,
-                              .pci_ids = options_.pci_ids,
-                              .domain = options_.domain,
-                              .overrides = options_.overrides,
-                              .vgpu_catalog_file = options_.vgpu_catalog_file,
-                              .build = {.bind_on_prepare = options_.bind_on_prepare}})),
+        own_source_(node::OwnSource(options_, {.bind_on_prepare = options_.bind_on_prepare})),
         source_(options_.source != nullptr ? *options_.source : *own_source_),
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();

@@ -149,16 +149,7 @@ class Agent::Impl {
       : options_(std::move(options)),
         kubelet_socket_(options_.kubelet_socket.empty() ? options_.paths.kubelet_dir / "kubelet.sock"
                                                         : options_.kubelet_socket),
-        own_source_(options_.source != nullptr
-                        ? nullptr
-                        : std::make_unique<node::Source>(node::SourceOptions{
-                              .paths = options_.paths,
-                              .policy = options_.policy,
-                              .workload = options_.workload,
-                              .pci_ids = options_.pci_ids,
-                              .domain = options_.domain,
-                              .overrides = options_.overrides,
-                              .vgpu_catalog_file = options_.vgpu_catalog_file})),
+        own_source_(node::OwnSource(options_)),
         source_(options_.source != nullptr ? *options_.source : *own_source_) {
     if (!options_.fabric.address.empty()) {
       const fabric::NvfmOptions nvfm{.address = options_.fabric.address, .library = options_.fabric_library};

@@ -41,6 +41,33 @@ struct SourceOptions {
   BuildOptions build;
 };
 
+// A frontend's options (plugin::ServeOptions, dra::DriverOptions) name what a Source is made from by the same fields.
+template <typename T>
+concept FrontendOptions = requires(const T& frontend) {
+  frontend.paths;
+  frontend.policy;
+  frontend.workload;
+  frontend.pci_ids;
+  frontend.domain;
+  frontend.overrides;
+  frontend.vgpu_catalog_file;
+  frontend.source;  // `run`'s shared Source, or null
+};
+
+// The one place those fields become a Source's options: `run`'s Source from its device plugin's options, `serve`'s
+// from its frontend's (OwnSource). `build` is the frontend's: DRA's --bind-on-prepare.
+template <FrontendOptions Frontend>
+SourceOptions SourceOptionsOf(const Frontend& frontend, BuildOptions build = {}) {
+  return {.paths = frontend.paths,
+          .policy = frontend.policy,
+          .workload = frontend.workload,
+          .pci_ids = frontend.pci_ids,
+          .domain = frontend.domain,
+          .overrides = frontend.overrides,
+          .vgpu_catalog_file = frontend.vgpu_catalog_file,
+          .build = build};
+}
+
 // One scan and the model built from it. Immutable once handed out.
 struct State {
   pci::Inventory inventory;
@@ -100,5 +127,13 @@ class Source {
   mutable std::mutex current_mu_;
   std::shared_ptr<const State> current_;
 };
+
+// `serve`: the Source the frontend makes for itself from its options; null under `run`, which handed it the
+// process's one (frontend.source).
+template <FrontendOptions Frontend>
+std::unique_ptr<Source> OwnSource(const Frontend& frontend, BuildOptions build = {}) {
+  if (frontend.source != nullptr) return nullptr;
+  return std::make_unique<Source>(SourceOptionsOf(frontend, build));
+}
 
 }  // namespace vfio_agent::node
