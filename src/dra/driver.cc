@@ -53,6 +53,12 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOn(const std::filesystem::pat
   return server;
 }
 
+// How often the loop lists the slices with nothing else happening (DriverOptions::slice_resync_interval).
+std::chrono::milliseconds SliceResync(const DriverOptions& options) {
+  if (!options.watch_slices) return options.slice_resync_interval;
+  return std::max<std::chrono::milliseconds>(options.slice_resync_interval, kWatchedSliceResync);
+}
+
 }  // namespace
 
 bool BindingConditionsWanted(const DriverOptions& options) {
@@ -101,6 +107,7 @@ class Driver::Impl {
       : options_(std::move(options)),
         own_source_(node::OwnSource(options_, {.bind_on_prepare = options_.bind_on_prepare})),
         source_(options_.source != nullptr ? *options_.source : *own_source_),
+        slice_resync_(SliceResync(options_)),
         registration_(options_, [this](bool accepted) {
           if (accepted) WakeForRegistration();
         }),
@@ -394,7 +401,7 @@ class Driver::Impl {
                    result->left_out > 0 ? absl::StrCat("; ", result->left_out, " unhealthy or group-held left out")
                                         : "");
     }
-    next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + options_.slice_resync_interval;
+    next_slices_ = now < slice_burst_until_ ? now + kSliceBurstInterval : now + slice_resync_;
   }
 
   // One line per GPU that becomes or stops being a held sibling.
@@ -540,6 +547,7 @@ class Driver::Impl {
   // whose subscription posts each new state to the loop.
   const std::unique_ptr<node::Source> own_source_;
   node::Source& source_;
+  const std::chrono::milliseconds slice_resync_;
   std::optional<uint64_t> subscription_;
   std::mutex posted_mu_;
   std::shared_ptr<const node::State> posted_;
