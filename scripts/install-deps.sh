@@ -9,7 +9,7 @@ PACKAGES=(
   libpci-dev pci.ids libudev-dev libkmod-dev kmod libspdlog-dev libabsl-dev
   libfuse3-dev fuse3
   libgtest-dev libgmock-dev libbenchmark-dev
-  libyaml-cpp-dev nlohmann-json3-dev libcurl4-openssl-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev libcivetweb-dev
   python3 stress-ng clang libclang-rt-14-dev lld
   python3-yaml mmdebstrap umoci unzip
 )

@@ -1,8 +1,5 @@
-// The daemon's Prometheus metrics, in the text exposition format (0.0.4), served on /metrics by one thread of our
-// own. Also the plugin's observer, so the plugin concern itself never depends on Prometheus.
-// Not prometheus-cpp: Debian ships it (and civetweb) only as shared C++ libraries, which every process start
-// of every command mapped (`serve` never serves metrics) and which kept the agent on the shared libstdc++
-// (tests/bench/README.md, "Start time").
+// The daemon's Prometheus metrics (prometheus-cpp; its pull Exposer serves them through civetweb). Also the
+// plugin's observer, so the plugin concern itself never depends on Prometheus.
 #pragma once
 
 #include <chrono>
@@ -13,6 +10,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/node_reporter.h"
 #include "vfio_gpu_agent/plugin/agent.h"
@@ -53,43 +56,38 @@ class Metrics final : public plugin::AgentObserver {
   void OnKubeletRestart() override;
 
  private:
-  struct Family;
-  class Server;
-  using Labels = std::map<std::string, std::string>;  // sorted by name, as the exposition writes them
+  class AllFamilies;
+  template <typename T>
+  prometheus::Family<T>& Declare(const std::string& name, const std::string& help);
 
-  Family& Declare(const char* name, const char* help, const char* type);
-  void Set(Family& family, const Labels& labels, double value);
-  void Increment(Family& family, const Labels& labels);
-  void Observe(Family& family, const Labels& labels, const std::vector<double>& buckets, double value);
-  void Clear(Family& family);
-  // The scrape: every family in declaration order; one with no sample by its HELP and TYPE lines alone (a dashboard
-  // or alert naming it can then be told from a typo), which Prometheus accepts and stores nothing for.
-  std::string Render() const;
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  std::vector<prometheus::MetricFamily> declared_;  // every family, without samples (AllFamilies); before them
+  std::shared_ptr<AllFamilies> all_families_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Gauge>& devices_;
+  prometheus::Family<prometheus::Counter>& binds_;
+  prometheus::Family<prometheus::Counter>& bind_failures_;
+  prometheus::Family<prometheus::Gauge>& registrations_;
+  prometheus::Counter& kubelet_restarts_;
+  prometheus::Gauge& last_reconcile_;
+  prometheus::Gauge& reconcile_seconds_;
+  prometheus::Gauge& ready_;
+  prometheus::Family<prometheus::Gauge>& not_ready_;
+  prometheus::Family<prometheus::Counter>& allocations_;
+  prometheus::Family<prometheus::Histogram>& allocate_seconds_;
+  prometheus::Family<prometheus::Gauge>& validation_;
+  prometheus::Family<prometheus::Gauge>& api_;
+  prometheus::Gauge& api_pending_writes_;
+  prometheus::Family<prometheus::Gauge>& fabric_;
+  prometheus::Family<prometheus::Counter>& partition_activations_;
+  prometheus::Counter& partition_releases_;
+  prometheus::Gauge& start_time_;
+  prometheus::Family<prometheus::Gauge>& vgpu_config_;
+  prometheus::Family<prometheus::Histogram>& prepare_seconds_;
+  prometheus::Family<prometheus::Histogram>& binding_wait_seconds_;
 
-  mutable std::mutex mu_;  // every family's samples
-  std::vector<std::unique_ptr<Family>> families_;
-  Family& devices_;
-  Family& binds_;
-  Family& bind_failures_;
-  Family& registrations_;
-  Family& kubelet_restarts_;
-  Family& last_reconcile_;
-  Family& reconcile_seconds_;
-  Family& ready_;
-  Family& not_ready_;
-  Family& allocations_;
-  Family& allocate_seconds_;
-  Family& validation_;
-  Family& api_;
-  Family& api_pending_writes_;
-  Family& fabric_;
-  Family& partition_activations_;
-  Family& partition_releases_;
-  Family& start_time_;
-  Family& vgpu_config_;
-  Family& prepare_seconds_;
-  Family& binding_wait_seconds_;
-  std::unique_ptr<Server> server_;  // last: stopped before the families go
+  std::mutex mu_;  // the label sets below are replaced as a whole
+  std::vector<prometheus::Gauge*> device_gauges_, validation_gauges_, not_ready_gauges_, vgpu_config_gauges_;
 };
 
 }  // namespace vfio_agent::daemon::internal
