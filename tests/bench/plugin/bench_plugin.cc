@@ -216,18 +216,19 @@ BENCHMARK(BM_KubeletRestartToRegister)->UseManualTime()->Iterations(20)->Unit(be
 
 // The agent as a container runtime starts it: a new mount namespace, the node bind-mounted where the image
 // expects /sys, /dev and the kubelet directory, /proc mounted, chroot onto the image root, and the binary and
-// its libraries at the image's paths (/usr/bin, /usr/lib/<triplet>, /lib64). `ld_cache`: the image has an
+// its libraries at the image's paths (/usr/bin/<name>, /usr/lib/<triplet>, /lib64). `ld_cache`: the image has an
 // /etc/ld.so.cache (as Debian images do); without one the loader searches its default paths.
 class ImageRoot {
  public:
-  ImageRoot(const std::string& binary, bool ld_cache) : dir_("va-bench-image") {
+  ImageRoot(const std::string& binary, bool ld_cache, const std::string& name = "vfio-gpu-agent")
+      : dir_("va-bench-image"), exe_("/usr/bin/" + name) {
     const std::filesystem::path root = dir_.path();
     for (const char* sub : {"usr/bin", "usr/lib/x86_64-linux-gnu", "lib64", "etc", "sys", "dev", "proc", "tmp",
                             "var/lib/kubelet/device-plugins", "usr/share/misc"}) {
       std::filesystem::create_directories(root / sub);
     }
     std::filesystem::create_symlink("usr/lib", root / "lib");
-    std::filesystem::copy_file(binary, root / "usr/bin/vfio-gpu-agent");
+    std::filesystem::copy_file(binary, root / std::filesystem::path(exe_).relative_path());
     // The libraries the loader maps, from ldd, copied to the image's paths.
     FILE* ldd = ::popen(("ldd " + binary).c_str(), "r");
     char line[512];
@@ -254,9 +255,12 @@ class ImageRoot {
   }
   bool ok() const { return ok_; }
   const std::filesystem::path& root() const { return dir_.path(); }
+  // The binary's path inside the image.
+  const std::string& exe() const { return exe_; }
 
  private:
   vfio_agent::testing::TempDir dir_;
+  std::string exe_;
   bool ok_ = false;
 };
 
@@ -296,6 +300,7 @@ absl::Status CopyAsPlainTree(const std::filesystem::path& from, const std::files
 // allocate while other threads may hold the allocator's lock.
 struct ContainerLaunch {
   std::string root, sysfs, sys_target, dev, dev_target, kubelet_dir, kubelet_target, proc_target;
+  std::vector<const char*> argv;  // argv[0] is the binary's path inside the image
   Clock::time_point exec_at;  // written by the child just before execve: the runtime's share ends here
 };
 
@@ -310,10 +315,9 @@ int ContainerChild(void* arg) {
     _exit(121);
   }
   if (::chroot(l.root.c_str()) != 0 || ::chdir("/") != 0) _exit(122);
-  static const char* const argv[] = {"/usr/bin/vfio-gpu-agent", "serve", nullptr};
   static const char* const envp[] = {"PATH=/usr/bin", nullptr};
   l.exec_at = Clock::now();
-  ::execve(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+  ::execve(l.argv[0], const_cast<char* const*>(l.argv.data()), const_cast<char* const*>(envp));
   _exit(127);
 }
 
@@ -323,9 +327,10 @@ struct LaunchWay {
   std::string binary;
   const ImageRoot* image = nullptr;  // null: posix_spawn with the host's paths
   std::filesystem::path sysfs;       // the FUSE mount or its plain copy
+  bool go_peer = false;              // the Go stack's plugin (tests/bench/go_peer), not the agent
   std::vector<double> launch_ms;     // launch -> Register received by the kubelet simulator
   std::vector<double> exec_ms;       // execve -> Register (the container's setup left out)
-  double rss_kb = 0;
+  std::vector<double> rss_kb;        // VmRSS once the kubelet lists the 8 devices, per start
 };
 
 // The first event of `kind` about the benchmark's resource at or after index `from`, whose detail contains
@@ -349,19 +354,24 @@ bool LaunchOnce(LaunchWay& way, const std::filesystem::path& dev_root, kubeletsi
                 const std::filesystem::path& kubelet_dir) {
   const size_t events_before = kubelet.Events().size();
   const std::string sysfs = way.sysfs.string(), dev = dev_root.string(), kdir = kubelet_dir.string();
-  const char* argv[] = {way.binary.c_str(), "serve", "--sysfs-root", sysfs.c_str(), "--dev-root", dev.c_str(),
-                        "--kubelet-dir", kdir.c_str(), nullptr};
+  // The Go peer advertises 8 devices of the same resource; it reads no sysfs. In the image both run with their
+  // defaults (/sys, /dev, /var/lib/kubelet/device-plugins), where the node is mounted.
+  std::vector<const char*> argv = {way.binary.c_str(), "serve", "--sysfs-root", sysfs.c_str(), "--dev-root",
+                                   dev.c_str(), "--kubelet-dir", kdir.c_str(), nullptr};
+  if (way.go_peer) argv = {way.binary.c_str(), "--kubelet-dir", kdir.c_str(), "--resource", kH200, "--devices", "8", nullptr};
   ContainerLaunch launch;
   if (way.image != nullptr) {
     const std::filesystem::path& root = way.image->root();
     launch = {root.string(), sysfs, (root / "sys").string(), dev, (root / "dev").string(), kdir,
-              (root / "var/lib/kubelet/device-plugins").string(), (root / "proc").string(), {}};
+              (root / "var/lib/kubelet/device-plugins").string(), (root / "proc").string(), {}, {}};
+    launch.argv = {way.image->exe().c_str(), "serve", nullptr};
+    if (way.go_peer) launch.argv = {way.image->exe().c_str(), "--resource", kH200, "--devices", "8", nullptr};
   }
   static char stack[64 * 1024];
   const Clock::time_point start = Clock::now();
   pid_t pid = 0;
   if (way.image == nullptr) {
-    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return false;
+    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, const_cast<char* const*>(argv.data()), environ) != 0) return false;
     launch.exec_at = start;
   } else {
     pid = ::clone(ContainerChild, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &launch);
@@ -373,7 +383,12 @@ bool LaunchOnce(LaunchWay& way, const std::filesystem::path& dev_root, kubeletsi
   const std::optional<kubeletsim::Event> registered = EventSince(kubelet, events_before, "register");
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) way.rss_kb = std::stod(line.substr(6));
+    if (line.rfind("VmRSS:", 0) == 0 && listed) way.rss_kb.push_back(std::stod(line.substr(6)));
+  }
+  // VA_LAUNCH_SMAPS_DIR: the last start's /proc/<pid>/smaps per way, to say what the RSS is made of.
+  if (const char* smaps_dir = std::getenv("VA_LAUNCH_SMAPS_DIR"); smaps_dir != nullptr && listed) {
+    std::ifstream smaps("/proc/" + std::to_string(pid) + "/smaps");  // procfs: no size, so no copy_file
+    std::ofstream(std::filesystem::path(smaps_dir) / (way.label + ".smaps"), std::ios::trunc) << smaps.rdbuf();
   }
   ::kill(pid, SIGTERM);
   int wstatus = 0;
@@ -406,7 +421,10 @@ double Median(std::vector<double> values) {
 //   container_fuse     the same on the FUSE node
 //   container_nocache  the image without /etc/ld.so.cache, on the plain copy
 // VA_AGENT_BIN_BASELINE=<binary> runs every way with that binary too, interleaved (base_<way>_ms), and reports
-// ratio_<way> = this binary / baseline. VA_LAUNCH_ROUNDS (default 11) starts per way. A missed Register fails
+// ratio_<way> = this binary / baseline. VA_GO_PEER_BIN=<go_peer> (tests/bench/go_peer) starts the Go stack's
+// plugin in the same rounds, directly (go_direct) and in its own image (go_container), and reports
+// ratio_go_direct (the agent's direct_plain / go_direct), ratio_go_container, and rss_ratio_go_<way> (the agents'
+// median VmRSS once listed / the peer's). VA_LAUNCH_ROUNDS (default 11) starts per way. A missed Register fails
 // the run (and the exit status). load1_* are /proc/loadavg's 1-minute load before and after.
 bool launch_failed = false;
 
@@ -418,6 +436,7 @@ void BM_LaunchToRegister(benchmark::State& state) {
     return;
   }
   const char* baseline = std::getenv("VA_AGENT_BIN_BASELINE");
+  const char* go_peer = std::getenv("VA_GO_PEER_BIN");
   const int rounds = std::getenv("VA_LAUNCH_ROUNDS") ? std::atoi(std::getenv("VA_LAUNCH_ROUNDS")) : 11;
   Node& node = SharedNode();
   vfio_agent::testing::TempDir plain("va-bench-plain-sysfs");
@@ -453,6 +472,23 @@ void BM_LaunchToRegister(benchmark::State& state) {
     add("container_fuse", cached, fuse);
     add("container_nocache", images.back().get(), plain.path());
   }
+  constexpr size_t kWaysPerAgent = 5;
+  if (go_peer != nullptr) {
+    images.push_back(std::make_unique<ImageRoot>(go_peer, /*ld_cache=*/true, "go_peer"));
+    if (!images.back()->ok()) {
+      state.SkipWithError("could not build the Go peer's image root");
+      return;
+    }
+    for (const ImageRoot* image : std::vector<const ImageRoot*>{nullptr, images.back().get()}) {
+      LaunchWay way;
+      way.label = image == nullptr ? "go_direct" : "go_container";
+      way.binary = go_peer;
+      way.image = image;
+      way.sysfs = plain.path();
+      way.go_peer = true;
+      ways.push_back(std::move(way));
+    }
+  }
   vfio_agent::testing::TempDir dir("va-bench-launch");
   kubeletsim::Options kubelet_options;
   kubelet_options.dir = dir.path();
@@ -484,20 +520,35 @@ void BM_LaunchToRegister(benchmark::State& state) {
   }
   if (launch_failed) return;
   state.counters["load1_after"] = LoadAverage1();
+  std::map<std::string, const LaunchWay*> by_label;
   for (const LaunchWay& way : ways) {
+    by_label[way.label] = &way;
     const double launch = Median(way.launch_ms), exec = Median(way.exec_ms);
     state.counters[way.label + "_ms"] = launch;
     fprintf(stderr, "launch: %-22s median %7.3f ms (min %7.3f, max %7.3f, n=%zu), exec -> Register %7.3f ms, RSS %.0f kB\n",
             way.label.c_str(), launch, *std::min_element(way.launch_ms.begin(), way.launch_ms.end()),
-            *std::max_element(way.launch_ms.begin(), way.launch_ms.end()), way.launch_ms.size(), exec, way.rss_kb);
+            *std::max_element(way.launch_ms.begin(), way.launch_ms.end()), way.launch_ms.size(), exec,
+            Median(way.rss_kb));
   }
   state.counters["container_exec_ms"] = Median(ways[2].exec_ms);
-  state.counters["rss_registered_kB"] = ways[2].rss_kb;
+  state.counters["rss_registered_kB"] = Median(ways[2].rss_kb);
   if (baseline != nullptr) {
-    const size_t per_binary = ways.size() / 2;
-    for (size_t i = 0; i < per_binary; ++i) {
-      state.counters["ratio_" + ways[i].label] = Median(ways[i].launch_ms) / Median(ways[i + per_binary].launch_ms);
+    for (size_t i = 0; i < kWaysPerAgent; ++i) {
+      state.counters["ratio_" + ways[i].label] =
+          Median(ways[i].launch_ms) / Median(ways[i + kWaysPerAgent].launch_ms);
     }
+  }
+  if (go_peer != nullptr) {
+    // The peer reads no sysfs: it is compared with the agent on the plain tree (the kernel's sysfs stands in).
+    for (const auto& [agent, peer] : {std::pair{"direct_plain", "go_direct"}, std::pair{"container", "go_container"}}) {
+      const LaunchWay& a = *by_label.at(agent);
+      const LaunchWay& g = *by_label.at(peer);
+      const std::string way = std::string(peer).substr(3);
+      state.counters["go_" + way + "_rss_kB"] = Median(g.rss_kb);
+      state.counters["ratio_go_" + way] = Median(a.launch_ms) / Median(g.launch_ms);
+      state.counters["rss_ratio_go_" + way] = Median(a.rss_kb) / Median(g.rss_kb);
+    }
+    state.counters["rss_ratio_go"] = state.counters["rss_ratio_go_container"];
   }
 }
 BENCHMARK(BM_LaunchToRegister)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
