@@ -34,7 +34,6 @@
 #include "vfio_gpu_agent/node/watch.h"
 #include "vfio_gpu_agent/plugin/frontend.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
-#include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/validation/check.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
