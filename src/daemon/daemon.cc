@@ -219,11 +219,11 @@ absl::Status Daemon::Impl::PassOnce() {
   const pci::Selection* selection = &(*state)->selection;
 
   if (refused_) {
-    const plugin::DeviceSnapshot named =
-        plugin::BuildSnapshot(paths, *inventory, *selection, source_.names(),
-                              std::set<std::string>(selection->gpus.begin(), selection->gpus.end()));
+    const node::Snapshot model = node::Build(paths, *inventory, *selection, source_.names(), nullptr);
     std::vector<std::string> resource_names;
-    for (const auto& [name, devices] : named.resources) resource_names.push_back(name);
+    for (const auto& [name, devices] : node::ByResource(node::ServedOf(model, node::WholeDevices::kEverySelected))) {
+      resource_names.push_back(name);
+    }
     if (StillRefused(resource_names)) return absl::OkStatus();
   }
 
@@ -246,11 +246,12 @@ absl::Status Daemon::Impl::PassOnce() {
     if (absl::Status status = frontend_->Start(); !status.ok()) return status;
     serving_ = true;
   }
-  const plugin::DeviceSnapshot expected =
-      plugin::BuildSnapshot(paths, *inventory, *selection, source_.names(),
-                            std::set<std::string>(selection->gpus.begin(), selection->gpus.end()));
-  PublishDevices(plugin::ServedOf(expected));
-  Conclude(Evaluate(*inventory, *selection, expected), start);
+  // The node's model of this state, as the frontend builds it from the same scan, and what should be served of it:
+  // every selected GPU, since this pass binds each (one off vfio is served Unhealthy).
+  const node::Snapshot model = node::Build(paths, *inventory, *selection, source_.names(), nullptr);
+  const node::ServedDevices expected = node::ServedOf(model, node::WholeDevices::kEverySelected);
+  PublishDevices(expected);
+  Conclude(Evaluate(*inventory, *selection, model, expected), start);
   if (mode_retry_at_) next_pass_ = std::min(next_pass_, *mode_retry_at_);
   return absl::OkStatus();
 }

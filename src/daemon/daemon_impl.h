@@ -29,12 +29,11 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/node/frontend.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/node/watch.h"
-#include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/plugin/frontend.h"
 #include "vfio_gpu_agent/plugin/held_devices.h"
-#include "vfio_gpu_agent/plugin/vgpu_devices.h"
 #include "vfio_gpu_agent/validation/check.h"
 #include "vfio_gpu_agent/vgpu/apply.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
@@ -278,12 +277,13 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
   bool BindOnPrepare() const { return frontend_->BindsOnDemand(); }
   // The frontend's side: what it answers (advertised or published, healthy, registered, slices written), then, for
   // a frontend whose devices the kubelet lists as allocatable, the kubelet's set equal to the healthy one
-  // (`view.expected` is what it should hold). nullopt when all holds; the metrics' validation checks are set either
+  // (`view.served` is what it should hold). nullopt when all holds; the metrics' validation checks are set either
   // way.
   std::optional<Readiness> FrontendReadiness(const node::FrontendReadiness& answer, const validation::NodeView& view);
   Readiness EvaluateVgpu();
-  Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
-                     const plugin::DeviceSnapshot& expected);
+  // `model`: node::Build over the pass's state; `expected`: what should be served of it (node::ServedOf).
+  Readiness Evaluate(const pci::Inventory& inventory, const pci::Selection& selection, const node::Snapshot& model,
+                     const node::ServedDevices& expected);
   void Settle(Readiness* readiness);
   void Publish(const Readiness& readiness);
   // `expected`: what the pass's scan says should be served (what the frontend serves, in vm-vgpu).

@@ -6,7 +6,7 @@
 namespace vfio_agent::daemon {
 
 Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Selection& selection,
-                                 const plugin::DeviceSnapshot& expected) {
+                                 const node::Snapshot& model, const node::ServedDevices& expected) {
   std::vector<std::string> managed = selection.gpus;
   managed.insert(managed.end(), selection.companions.begin(), selection.companions.end());
   std::vector<std::string> gpus;
@@ -15,7 +15,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
   }
 
   validation::NodeView view{.paths = options_.serve.paths, .inventory = &inventory, .selection = &selection,
-                            .expected = &expected};
+                            .model = &model, .served = &expected};
   std::string fingerprint;
   for (const std::string& bdf : managed) {
     const pci::Function* fn = inventory.Find(bdf);
@@ -53,7 +53,7 @@ Readiness Daemon::Impl::Evaluate(const pci::Inventory& inventory, const pci::Sel
     }
   }
   const node::FrontendReadiness answer =
-      frontend_->Readiness({.required = gpus, .expected = plugin::ServedOf(expected), .vgpus = false});
+      frontend_->Readiness({.required = gpus, .expected = expected, .vgpus = false});
   if (std::optional<Readiness> failing = FrontendReadiness(answer, view)) return *failing;
   return {.ready = true, .check_id = "", .reason = "AllDevicesReady",
           .message = absl::StrCat(gpus.size(), " GPUs bound, healthy, registered and allocatable: ",
@@ -68,16 +68,10 @@ Readiness Daemon::Impl::EvaluateVgpu() {
     metrics_.SetValidation(host_checks_);
     return {.ready = true, .check_id = "", .reason = "NoSelectedDevices", .message = answer.summary};
   }
-  // The kubelet should hold what the frontend serves.
-  plugin::DeviceSnapshot allocatable;
-  for (const node::ServedDevice& device : answer.served) {
-    plugin::ResourceDevices& resource = allocatable.resources[device.resource_name];
-    resource.resource_name = device.resource_name;
-    resource.devices.push_back(
-        {.id = device.id, .healthy = device.healthy, .unhealthy_reason = device.unhealthy_reason});
-  }
+  // The kubelet should hold what the frontend serves (its vGPUs gone from the scan are kept a while, Unhealthy, which
+  // no model of one scan has).
   const validation::NodeView view{.paths = options_.serve.paths, .inventory = nullptr, .selection = nullptr,
-                                  .expected = &allocatable};
+                                  .served = &answer.served};
   if (std::optional<Readiness> failing = FrontendReadiness(answer, view)) return *failing;
   return {.ready = true, .check_id = "", .reason = "AllDevicesReady", .message = answer.summary};
 }

@@ -325,7 +325,6 @@ void Daemon::Impl::ReleaseToHostDriver(const node::State& state) {
     return fn == nullptr || !pci::IsVfioDriver(fn->driver);
   });
   std::vector<InUse> on_vfio;
-  std::set<std::string> gpus;
   for (const std::string& bdf : selection.gpus) {
     const pci::Function* fn = inventory->Find(bdf);
     if (selection.RoleOf(bdf) != pci::Role::kGpu || fn == nullptr || !fn->iommu_group ||
@@ -334,17 +333,17 @@ void Daemon::Impl::ReleaseToHostDriver(const node::State& state) {
       continue;
     }
     on_vfio.push_back({.gpu = bdf, .group = fn->iommu_group, .id = bdf});
-    gpus.insert(bdf);
   }
   if (on_vfio.empty()) {
     NoteHeld({}, "");
     ReportModeChange("no GPU was on vfio-pci; vGPUs advertised");
     return;
   }
+  // The names the device plugin serves them under: those of the whole devices on vfio.
   std::set<std::string> passthrough_names;
-  for (const auto& [name, resource] :
-       plugin::BuildSnapshot(paths, *inventory, selection, source_.names(), gpus).resources) {
-    passthrough_names.insert(name);
+  for (const node::ServedDevice& device :
+       node::ServedOf(node::Build(paths, *inventory, selection, source_.names(), nullptr), node::WholeDevices::kOnVfio)) {
+    passthrough_names.insert(device.resource_name);
   }
   std::map<std::string, std::string> held = WhoHolds(on_vfio, passthrough_names);
   binding::UnbindOptions unbind;
@@ -432,9 +431,12 @@ void Daemon::Impl::KeepHeldVgpuParents(const pci::Inventory& inventory, const pc
     std::erase_if(vgpus, [&](const InUse& use) { return !on_nvidia.contains(use.gpu); });
     if (!vgpus.empty()) {
       std::set<std::string> vgpu_names;
-      const plugin::VgpuSnapshot advertised =
-          plugin::BuildVgpuSnapshot(options_.serve.paths, inventory, *discovery, options_.serve.domain, {});
-      for (const auto& [name, resource] : advertised.snapshot.resources) vgpu_names.insert(name);
+      const names::NameResolver vgpu_resolver(nullptr, options_.serve.domain, {});
+      const node::Snapshot model =
+          node::Build(options_.serve.paths, inventory, pci::Selection{}, vgpu_resolver, &*discovery);
+      for (const node::ServedDevice& device : node::ServedOf(model, node::WholeDevices::kOnVfio)) {
+        vgpu_names.insert(device.resource_name);
+      }
       held = WhoHolds(vgpus, vgpu_names);
     }
   }

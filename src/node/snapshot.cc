@@ -190,4 +190,25 @@ Snapshot Build(const HostPaths& paths, const pci::Inventory& inventory, const pc
   return snapshot;
 }
 
+ServedDevices ServedOf(const Snapshot& snapshot, WholeDevices whole) {
+  const bool vgpu_scan = snapshot.vgpu_framework.has_value();
+  ServedDevices out;
+  for (const Device& device : snapshot.devices) {
+    if (IsVgpu(device.kind) != vgpu_scan) continue;
+    if (!vgpu_scan && whole == WholeDevices::kOnVfio && !pci::IsVfioDriver(device.driver)) continue;
+    out.push_back({.resource_name = device.resource_name, .id = device.id, .healthy = device.healthy(),
+                   .unhealthy_reason = device.unhealthy_reason});
+  }
+  std::sort(out.begin(), out.end(), [](const ServedDevice& a, const ServedDevice& b) {
+    return std::tie(a.resource_name, a.id) < std::tie(b.resource_name, b.id);
+  });
+  return out;
+}
+
+std::map<std::string, ServedDevices> ByResource(const ServedDevices& served) {
+  std::map<std::string, ServedDevices> out;
+  for (const ServedDevice& device : served) out[device.resource_name].push_back(device);
+  return out;
+}
+
 }  // namespace vfio_agent::node

@@ -16,6 +16,7 @@
 #include "check_builder.h"
 #include "vfio_gpu_agent/binding/holders.h"
 #include "vfio_gpu_agent/common/fs.h"
+#include "vfio_gpu_agent/pci/vfio_health.h"
 #include "vfio_gpu_agent/validation/check.h"
 
 namespace vfio_agent::validation {
@@ -257,7 +258,7 @@ Check PowerState(const NodeView& node, const pci::Function& fn) {
         absl::StrCat("options vfio_pci disable_idle_d3=1 (/etc/modprobe.d) and echo 0 > ", (dir / "d3cold_allowed").string(),
                      "; a GPU that stays in D3cold needs a node reboot"));
   }
-  auto vendor = plugin::ReadConfigVendor(node.paths, fn.bdf);
+  auto vendor = pci::ReadConfigVendor(node.paths, fn.bdf);
   check.Saw((dir / "config").string(), vendor.ok() ? absl::StrFormat("vendor %04x", *vendor)
                                                    : absl::StrCat("(unreadable: ", vendor.status().message(), ")"));
   if (!vendor.ok()) {

@@ -1,4 +1,5 @@
 // Layer 4: what the kubelet's device manager holds, through the pod-resources API (GetAllocatableResources, List).
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -48,7 +49,7 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
                                 "--pod-resources-socket)"),
                    {{socket.string(), ec ? ec.message() : "not a socket"}});
   }
-  if (node.expected == nullptr || node.expected->resources.empty()) {
+  if (node.served == nullptr || node.served->empty()) {
     return SkipAll("not checked: no GPU on a vfio driver, so there is nothing the kubelet should hold (see layer 2)",
                    {});
   }
@@ -77,11 +78,10 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
       "Check the kubelet on this node (`systemctl status kubelet`); GetAllocatableResources needs Kubernetes "
       ">= 1.23 (GA in 1.28).";
 
+  const std::map<std::string, node::ServedDevices> served = node::ByResource(*node.served);
   // Which resource each of our devices belongs to, to find our GPUs under another name.
   std::map<std::string, std::string> resource_of;
-  for (const auto& [name, resource] : node.expected->resources) {
-    for (const auto& device : resource.devices) resource_of[device.id] = name;
-  }
+  for (const node::ServedDevice& device : *node.served) resource_of[device.id] = device.resource_name;
 
   if (!allocatable_status.ok()) {
     out.push_back(MakeCheck("kubelet.allocatable", Layer::kKubelet, "node", Result::kFail,
@@ -90,9 +90,9 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
   } else {
     DevicesByResource held;
     AddDevices(allocatable.devices(), &held);
-    for (const auto& [name, resource] : node.expected->resources) {
+    for (const auto& [name, devices] : served) {
       std::set<std::string> healthy;
-      for (const auto& device : resource.devices) {
+      for (const node::ServedDevice& device : devices) {
         if (device.healthy) healthy.insert(device.id);
       }
       const std::set<std::string>& kubelet = held[name];
@@ -131,7 +131,7 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
     }
     // Our GPUs allocatable under a name we do not advertise: a second plugin, or an old registration.
     for (const auto& [name, ids] : held) {
-      if (node.expected->resources.count(name) != 0) continue;
+      if (served.contains(name)) continue;
       std::set<std::string> ours;
       for (const auto& id : ids) {
         if (resource_of.count(id) != 0) ours.insert(id);
@@ -160,19 +160,20 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
       DevicesByResource held;
       AddDevices(container.devices(), &held);
       for (auto& [name, ids] : held) {
-        if (node.expected->resources.count(name) == 0) continue;
+        if (!served.contains(name)) continue;
         uses[name].push_back({absl::StrCat(pod.namespace_(), "/", pod.name(), " ", container.name()), ids});
       }
     }
   }
-  for (const auto& [name, resource] : node.expected->resources) {
+  for (const auto& [name, devices] : served) {
     const std::vector<PodUse>& used = uses[name];
     std::set<std::string> in_use;
     for (const auto& use : used) in_use.insert(use.ids.begin(), use.ids.end());
     std::vector<std::string> lost;  // held by a pod, but no longer healthy here
     for (const auto& id : in_use) {
-      const plugin::PluginDevice* device = resource.Find(id);
-      if (device == nullptr) {
+      auto device = std::find_if(devices.begin(), devices.end(),
+                                 [&](const node::ServedDevice& d) { return d.id == id; });
+      if (device == devices.end()) {
         lost.push_back(absl::StrCat(id, " (gone)"));
       } else if (!device->healthy) {
         lost.push_back(absl::StrCat(id, " (", device->unhealthy_reason, ")"));
@@ -189,7 +190,7 @@ std::vector<Check> KubeletChecks(const NodeView& node, const fs::path& socket, s
       continue;
     }
     out.push_back(MakeCheck("kubelet.in_use", Layer::kKubelet, name, Result::kPass,
-                            absl::StrFormat("%d of %d in use", in_use.size(), resource.devices.size()),
+                            absl::StrFormat("%d of %d in use", in_use.size(), devices.size()),
                             std::move(evidence)));
   }
   return out;

@@ -48,7 +48,7 @@ Evidence EntryEvidence(const KubevirtCr& cr, const PciHostDeviceEntry& entry) {
   return {absl::StrCat(CrName(cr), " ", internal::kPciHostDevicesPath, "[", entry.index, "]"), EntryText(entry)};
 }
 
-// What the node advertises now (the expected snapshot) and what it will once every selected GPU is bound.
+// What the node advertises now (node.served) and what it will once every selected GPU is bound.
 struct NodeNames {
   std::map<std::string, std::vector<std::string>> selectors_of;  // resource name -> "10DE:2335"...
   std::map<std::pair<uint16_t, uint16_t>, std::string> name_of;  // (vendor, device) -> resource name
@@ -66,8 +66,8 @@ NodeNames NamesOf(const NodeView& node, const names::NameResolver& names) {
     out.name_of[{entry.vendor_id, entry.device_id}] = entry.resource_name;
     out.selectors_of[entry.resource_name].push_back(PciVendorSelector(entry.vendor_id, entry.device_id));
   }
-  if (node.expected != nullptr) {
-    for (const auto& [name, resource] : node.expected->resources) out.selectors_of[name];
+  if (node.served != nullptr) {
+    for (const node::ServedDevice& device : *node.served) out.selectors_of[device.resource_name];
   }
   return out;
 }

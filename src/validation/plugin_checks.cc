@@ -71,9 +71,9 @@ PluginAnswer AskPlugin(const fs::path& socket, std::chrono::milliseconds wait,
   return answer;
 }
 
-std::set<std::string> HealthyIds(const plugin::ResourceDevices& resource) {
+std::set<std::string> HealthyIds(const node::ServedDevices& devices) {
   std::set<std::string> out;
-  for (const auto& device : resource.devices) {
+  for (const node::ServedDevice& device : devices) {
     if (device.healthy) out.insert(device.id);
   }
   return out;
@@ -85,12 +85,12 @@ std::set<std::string> Minus(const std::set<std::string>& a, const std::set<std::
   return out;
 }
 
-std::string ExpectedText(const plugin::ResourceDevices& resource) {
+std::string ExpectedText(const node::ServedDevices& devices) {
   std::set<std::string> unhealthy;
-  for (const auto& device : resource.devices) {
+  for (const node::ServedDevice& device : devices) {
     if (!device.healthy) unhealthy.insert(absl::StrCat(device.id, " (", device.unhealthy_reason, ")"));
   }
-  std::string text = absl::StrCat("healthy ", DeviceList(HealthyIds(resource)));
+  std::string text = absl::StrCat("healthy ", DeviceList(HealthyIds(devices)));
   if (!unhealthy.empty()) absl::StrAppend(&text, "; unhealthy ", absl::StrJoin(unhealthy, ","));
   return text;
 }
@@ -102,9 +102,9 @@ std::string ListingText(const PluginAnswer& answer) {
   return text;
 }
 
-void CheckResource(const NodeView& node, const plugin::ResourceDevices& resource, std::chrono::milliseconds wait,
-                   std::vector<Check>* out) {
-  const std::string& name = resource.resource_name;
+// `devices`: what the node serves under `name` (node.served), which ListAndWatch must list with the same health.
+void CheckResource(const NodeView& node, const std::string& name, const node::ServedDevices& devices,
+                   std::chrono::milliseconds wait, std::vector<Check>* out) {
   const fs::path socket = node.paths.kubelet_dir / plugin::SocketName(name);
   const std::string expected_source = absl::StrCat("sysfs under ", node.paths.sysfs_root.string(), " (expected)");
   std::error_code ec;
@@ -117,7 +117,7 @@ void CheckResource(const NodeView& node, const plugin::ResourceDevices& resource
                              "not checked: no socket (see plugin.socket)"));
     return;
   }
-  const std::set<std::string> expected = HealthyIds(resource);
+  const std::set<std::string> expected = HealthyIds(devices);
   PluginAnswer answer = AskPlugin(socket, wait, [&](const Listing& listing) { return listing.healthy == expected; });
   const std::string options_source = absl::StrCat("GetDevicePluginOptions ", socket.filename().string());
   if (!answer.options_status.ok()) {
@@ -146,7 +146,7 @@ void CheckResource(const NodeView& node, const plugin::ResourceDevices& resource
                                           "list leaves the kubelet with no devices.")));
     return;
   }
-  std::vector<Evidence> evidence = {{list_source, ListingText(answer)}, {expected_source, ExpectedText(resource)}};
+  std::vector<Evidence> evidence = {{list_source, ListingText(answer)}, {expected_source, ExpectedText(devices)}};
   if (answer.listing.healthy == expected) {
     out->push_back(MakeCheck("plugin.devices", Layer::kPlugin, name, Result::kPass,
                              absl::StrCat("lists exactly the ", expected.size(), " healthy ",
@@ -177,12 +177,14 @@ void CheckOtherProviders(const NodeView& node, std::chrono::milliseconds wait, s
   std::set<std::string> own_sockets = {"kubelet.sock"};
   std::map<std::string, std::string> kubevirt_sockets;  // KubeVirt's socket name -> our resource name
   std::set<std::string> our_ids;
-  for (const auto& [name, resource] : node.expected->resources) {
+  for (const node::ServedDevice& device : *node.served) {
+    const std::string& name = device.resource_name;
     own_sockets.insert(plugin::SocketName(name));
     kubevirt_sockets[absl::StrCat("kubevirt-", absl::StrReplaceAll(name, {{"/", "-"}}), ".sock")] = name;
-    for (const auto& device : resource.devices) {
-      our_ids.insert(device.id);
-      our_ids.insert(device.group_functions.begin(), device.group_functions.end());
+    our_ids.insert(device.id);
+    // The functions of its IOMMU group: a plugin advertising a GPU's audio function hands out the same group.
+    if (const node::Device* modelled = node.model != nullptr ? node.model->Find(device.id) : nullptr) {
+      our_ids.insert(modelled->group_functions.begin(), modelled->group_functions.end());
     }
   }
   if (node.selection != nullptr) {
@@ -245,12 +247,12 @@ void CheckOtherProviders(const NodeView& node, std::chrono::milliseconds wait, s
 
 std::vector<Check> PluginChecks(const NodeView& node, std::chrono::milliseconds wait) {
   std::vector<Check> out;
-  if (node.expected == nullptr || node.expected->resources.empty()) {
+  if (node.served == nullptr || node.served->empty()) {
     out.push_back(MakeCheck("plugin.socket", Layer::kPlugin, "node", Result::kSkip,
                             "not checked: no GPU on a vfio driver, so there is nothing to advertise (see layer 2)"));
     return out;
   }
-  for (const auto& [name, resource] : node.expected->resources) CheckResource(node, resource, wait, &out);
+  for (const auto& [name, devices] : node::ByResource(*node.served)) CheckResource(node, name, devices, wait, &out);
   CheckOtherProviders(node, wait, &out);
   return out;
 }

@@ -13,7 +13,7 @@
 #include "check_builder.h"
 #include "spdlog/spdlog.h"
 #include "vfio_gpu_agent/common/fs.h"
-#include "vfio_gpu_agent/plugin/vgpu_devices.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/vgpu/catalog.h"
 
 namespace vfio_agent::validation {
@@ -184,12 +184,11 @@ absl::StatusOr<rpt::ValidateReport> Validate(const ValidateOptions& options) {
   // The node's model by the rules the agent itself applies (names, health; no config read of a GPU in D3cold).
   const node::Snapshot model =
       node::Build(options.paths, *inventory, selection, names, vgpu_node ? &vgpu_state.discovery : nullptr);
-  const plugin::DeviceSnapshot expected =
-      vgpu_node ? plugin::VgpusOf(model, vgpu::GoneReasons(options.paths.sysfs_root, *inventory, vgpu_state.discovery),
-                                  {}).snapshot
-                : plugin::WholeDevicesOf(model, {});
+  // What it serves of it: `validate` remembers no earlier scan, so a GPU counts once it is on vfio (the device plugin
+  // advertises it from then on).
+  const node::ServedDevices served = node::ServedOf(model, node::WholeDevices::kOnVfio);
   NodeView node{.paths = options.paths, .inventory = &*inventory, .selection = &selection, .model = &model,
-                .expected = &expected, .workload = options.workload};
+                .served = &served, .workload = options.workload};
   if (vgpu_node) node.vgpu = &vgpu_state.view;
   if (!options.dra) node.vfio_backend = options.vfio_backend;
 

@@ -77,8 +77,9 @@ std::map<std::string, VgpuResource> ResourcesOf(const NodeView& node) {
       out[*name].selectors.insert(PciVendorSelector(fn->vendor_id, fn->device_id));
     }
   }
-  // Only what the node advertises (a resource the snapshot dropped has its reason in the vgpu layer).
-  std::erase_if(out, [&](const auto& item) { return node.expected->resources.count(item.first) == 0; });
+  // Only what the node advertises (a resource the model dropped has its reason in the vgpu layer).
+  const std::map<std::string, node::ServedDevices> served = node::ByResource(*node.served);
+  std::erase_if(out, [&](const auto& item) { return !served.contains(item.first); });
   return out;
 }
 
@@ -194,7 +195,7 @@ std::vector<Check> VgpuKubevirtChecks(const NodeView& node, const std::optional<
     return out;
   }
   const std::map<std::string, VgpuResource> resources =
-      node.vgpu != nullptr && node.vgpu->discovery != nullptr && node.expected != nullptr
+      node.vgpu != nullptr && node.vgpu->discovery != nullptr && node.served != nullptr
           ? ResourcesOf(node)
           : std::map<std::string, VgpuResource>{};
   if (resources.empty()) {

@@ -9,6 +9,7 @@
 #include "vfio_gpu_agent/dra/devices.h"
 #include "vfio_gpu_agent/node/source.h"
 #include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/plugin/frontend.h"
 
 namespace vfio_agent::node {
 namespace {
@@ -64,6 +65,41 @@ TEST_F(NodeTest, EveryGpuIsInTheModelWhateverItsDriverAndBothFrontendsReadIt) {
   EXPECT_EQ(published[0].slice.attributes.at("gpu.example.com/resourceName").text, "GH100_H200_SXM_141GB");
   EXPECT_EQ(published[0].slice.attributes.at("resource.kubernetes.io/pcieRoot").text, bound->pcie_root);
   EXPECT_EQ(published[1].unhealthy_reason, "driver nvidia");
+}
+
+// What `validate` and the daemon judge the node by (ServedOf) is what the device plugin serves of the same model:
+// validate's rule (a GPU counts once on vfio) is the plugin's with nothing remembered, the daemon's (every selected
+// GPU) the plugin's once it has seen each on vfio; the model's health, reasons and names come through unchanged.
+TEST_F(NodeTest, ServedOfIsWhatTheDevicePluginServesOfTheSameModel) {
+  tree_.AddDevice({.bdf = "0000:3b:00.0", .driver = "vfio-pci", .iommu_group = 12});
+  tree_.AddDevice({.bdf = "0000:5d:00.0", .driver = "vfio-pci", .iommu_group = 13});  // no /dev/vfio/13
+  tree_.AddDevice({.bdf = "0000:86:00.0", .device = 0x2236, .driver = "nvidia", .iommu_group = 14});
+  GroupNode(12);
+  absl::StatusOr<pci::Inventory> inventory = pci::Scan(paths_.sysfs_root);
+  ASSERT_TRUE(inventory.ok()) << inventory.status();
+  const pci::Selection selection = pci::Select(*inventory, {});
+  const Snapshot node = Build(paths_, *inventory, selection, names_, nullptr);
+
+  const ServedDevices on_vfio = ServedOf(node, WholeDevices::kOnVfio);
+  ASSERT_EQ(on_vfio.size(), 2u);
+  EXPECT_EQ(on_vfio[0], (ServedDevice{.resource_name = kH200, .id = "0000:3b:00.0", .healthy = true}));
+  EXPECT_EQ(on_vfio[1].id, "0000:5d:00.0");
+  EXPECT_FALSE(on_vfio[1].healthy);
+  EXPECT_EQ(on_vfio[1].unhealthy_reason, node.Find("0000:5d:00.0")->unhealthy_reason);
+  EXPECT_EQ(on_vfio, plugin::ServedOf(plugin::WholeDevicesOf(node, {})));
+
+  const ServedDevices every = ServedOf(node, WholeDevices::kEverySelected);
+  ASSERT_EQ(every.size(), 3u);
+  EXPECT_EQ(every, plugin::ServedOf(plugin::WholeDevicesOf(
+                       node, std::set<std::string>(selection.gpus.begin(), selection.gpus.end()))));
+  std::map<std::string, ServedDevices> by_resource = ByResource(every);
+  ASSERT_EQ(by_resource.size(), 2u);
+  EXPECT_EQ(by_resource.at(kH200).size(), 2u);
+  by_resource.erase(kH200);
+  const ServedDevices& other = by_resource.begin()->second;
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].id, "0000:86:00.0");
+  EXPECT_EQ(other[0].unhealthy_reason, "driver nvidia");
 }
 
 TEST_F(NodeTest, BindOnPrepareJudgesAGpuOnItsHostDriverByWhetherAClaimCouldBindIt) {

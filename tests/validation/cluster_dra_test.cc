@@ -153,7 +153,7 @@ class ClusterDraTest : public ::testing::Test {
     auto inventory = pci::Scan(tree_.root(), {.detail_vendor = 0x10de});
     EXPECT_TRUE(inventory.ok()) << inventory.status();
     const pci::Selection selection = pci::Select(*inventory, {});
-    NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection, .expected = nullptr};
+    NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection, .served = nullptr};
     DraValidation dra = Dra();
     dra.driver.bind_on_prepare = bind_on_prepare;
     const absl::StatusOr<dra::CheckpointRead> checkpoint = dra::ReadCheckpoint(dra.driver);
@@ -178,7 +178,7 @@ class ClusterDraTest : public ::testing::Test {
     const vgpu::Discovery discovery = DiscoverVgpusReadOnly(tree_.root(), *inventory, dir_.path() / "vgpu-catalog.txt");
     const VgpuView view{.discovery = &discovery};
     const NodeView node{.paths = options_.paths, .inventory = &*inventory, .selection = &selection,
-                        .expected = nullptr, .workload = Workload::kVmVgpu, .vgpu = &view};
+                        .served = nullptr, .workload = Workload::kVmVgpu, .vgpu = &view};
     std::vector<kube::SliceDevice> devices(published.size());
     for (size_t i = 0; i < published.size(); ++i) devices[i].name = published[i];
     EXPECT_TRUE(publisher_->Publish(devices).ok());

@@ -3,10 +3,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "validation/cluster_node.h"
+#include "vfio_gpu_agent/plugin/frontend.h"
 
 namespace vfio_agent::validation {
 namespace {
@@ -22,8 +25,8 @@ using namespace std::chrono_literals;
 
 class ClusterKubeletTest : public testing::ClusterNodeTest {
  protected:
-  std::vector<Check> Run(const std::set<std::string>& remembered = {}) {
-    return KubeletChecks(node_->View(remembered), node_->paths.pod_resources_socket, kWait);
+  std::vector<Check> Run(node::WholeDevices whole = node::WholeDevices::kOnVfio) {
+    return KubeletChecks(node_->View(whole), node_->paths.pod_resources_socket, kWait);
   }
 };
 
@@ -108,8 +111,7 @@ TEST_F(ClusterKubeletTest, StaleKubeletViewFails) {
         return false;
       },
       10s));
-  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
-  const auto checks = Run(advertised);
+  const auto checks = Run(node::WholeDevices::kEverySelected);
   const Check* allocatable = FindCheck(checks, "kubelet.allocatable", kH200);
   ASSERT_NE(allocatable, nullptr);
   EXPECT_EQ(allocatable->result, Result::kFail);
@@ -153,13 +155,37 @@ TEST_F(ClusterKubeletTest, PodHoldingAGpuThatLostItsBindingWarns) {
   ASSERT_TRUE(pod.ok()) << pod.status();
   const std::string held = pod->devices.at(kH200).at(0);
   ASSERT_TRUE(node_->Control("set-driver " + held + " none").ok());
-  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
-  const auto checks = Run(advertised);
+  const auto checks = Run(node::WholeDevices::kEverySelected);
   const Check* in_use = FindCheck(checks, "kubelet.in_use", kH200);
   ASSERT_NE(in_use, nullptr);
   EXPECT_EQ(in_use->result, Result::kWarn);
   EXPECT_THAT(in_use->message, HasSubstr(held));
   EXPECT_FALSE(in_use->fix.empty());
+}
+
+// `validate` and the serving agent judge a GPU by one model: a GPU whose config space stopped answering is unhealthy to
+// the agent, which tells the kubelet, and to the kubelet check, which then expects it not allocatable. A validator
+// with a health rule of its own (a GPU on vfio-pci with its group node, say) would expect all 8 and fail here.
+TEST_F(ClusterKubeletTest, ValidateExpectsOfAGpuWhatTheServingAgentServesThroughTheNodeModel) {
+  Serve();
+  const std::string dead = kH200Gpus[2];
+  ASSERT_TRUE(node_->Control("dead " + dead + " 1").ok());
+  ASSERT_TRUE(node_->WaitForKubelet(kH200, 8, 7)) << node_->kubelet().DescribeNode();
+
+  const NodeView& view = node_->View();
+  ASSERT_NE(view.served, nullptr);
+  EXPECT_EQ(*view.served, plugin::ServedOf(node_->agent().Snapshot()));
+  const auto served = std::find_if(view.served->begin(), view.served->end(),
+                                   [&](const node::ServedDevice& device) { return device.id == dead; });
+  ASSERT_NE(served, view.served->end());
+  EXPECT_FALSE(served->healthy);
+  EXPECT_EQ(served->unhealthy_reason, view.model->Find(dead)->unhealthy_reason);
+
+  const auto checks = KubeletChecks(view, node_->paths.pod_resources_socket, kWait);
+  const Check* allocatable = FindCheck(checks, "kubelet.allocatable", kH200);
+  ASSERT_NE(allocatable, nullptr);
+  EXPECT_EQ(allocatable->result, Result::kPass) << testing::EvidenceText(*allocatable);
+  EXPECT_THAT(allocatable->message, HasSubstr("exactly the 7 healthy"));
 }
 
 }  // namespace

@@ -220,9 +220,11 @@ class ClusterKubevirtTest : public ::testing::Test {
     ASSERT_TRUE(inventory.ok()) << inventory.status();
     inventory_ = std::make_unique<pci::Inventory>(*std::move(inventory));
     selection_ = pci::Select(*inventory_, pci::SelectionPolicy{});
-    snapshot_ = plugin::BuildSnapshot(paths_, *inventory_, selection_, resolver_, {});
-    ASSERT_EQ(snapshot_.resources.size(), 2u);
-    view_ = NodeView{.paths = paths_, .inventory = inventory_.get(), .selection = &selection_, .expected = &snapshot_};
+    model_ = node::Build(paths_, *inventory_, selection_, resolver_, nullptr);
+    served_ = node::ServedOf(model_, node::WholeDevices::kOnVfio);
+    ASSERT_EQ(node::ByResource(served_).size(), 2u);
+    view_ = NodeView{.paths = paths_, .inventory = inventory_.get(), .selection = &selection_, .model = &model_,
+                     .served = &served_};
   }
   std::vector<Check> Run(const std::string& cr) { return KubevirtChecks(view_, cr, resolver_); }
 
@@ -231,7 +233,8 @@ class ClusterKubevirtTest : public ::testing::Test {
   std::unique_ptr<pci::Inventory> inventory_;
   pci::Selection selection_;
   names::NameResolver resolver_{nullptr, "nvidia.com", {}};
-  plugin::DeviceSnapshot snapshot_;
+  node::Snapshot model_;
+  node::ServedDevices served_;
   NodeView view_;
 };
 

@@ -24,7 +24,7 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/plugin/agent.h"
-#include "vfio_gpu_agent/plugin/devices.h"
+#include "vfio_gpu_agent/node/snapshot.h"
 #include "vfio_gpu_agent/validation/check.h"
 
 namespace vfio_agent::validation::testing {
@@ -195,16 +195,17 @@ class ClusterNode {
         10s);
   }
 
-  // Scans the node now and builds what the runner hands to the layers; `remembered` as in BuildSnapshot
-  // (ids advertised before, so an unbound GPU shows as unhealthy instead of vanishing).
-  const NodeView& View(const std::set<std::string>& remembered = {}) {
+  // Scans the node now and builds what the runner hands to the layers: the node's model and what it serves of it,
+  // `whole` as node::ServedOf takes it (kEverySelected: as the serving agent, which advertised every GPU once, so an
+  // unbound GPU shows as unhealthy instead of vanishing; kOnVfio: as `validate`).
+  const NodeView& View(node::WholeDevices whole = node::WholeDevices::kOnVfio) {
     auto inventory = pci::Scan(paths.sysfs_root, {.detail_vendor = pci::kVendorNvidia});
     inventory_ = std::make_unique<pci::Inventory>(*std::move(inventory));
     selection_ = std::make_unique<pci::Selection>(pci::Select(*inventory_, pci::SelectionPolicy{}));
-    snapshot_ = std::make_unique<plugin::DeviceSnapshot>(
-        plugin::BuildSnapshot(paths, *inventory_, *selection_, resolver, remembered));
+    model_ = std::make_unique<node::Snapshot>(node::Build(paths, *inventory_, *selection_, resolver, nullptr));
+    served_ = std::make_unique<node::ServedDevices>(node::ServedOf(*model_, whole));
     view_ = NodeView{.paths = paths, .inventory = inventory_.get(), .selection = selection_.get(),
-                     .expected = snapshot_.get()};
+                     .model = model_.get(), .served = served_.get()};
     return view_;
   }
 
@@ -221,7 +222,8 @@ class ClusterNode {
   std::unique_ptr<plugin::Agent> agent_;
   std::unique_ptr<pci::Inventory> inventory_;
   std::unique_ptr<pci::Selection> selection_;
-  std::unique_ptr<plugin::DeviceSnapshot> snapshot_;
+  std::unique_ptr<node::Snapshot> model_;
+  std::unique_ptr<node::ServedDevices> served_;
   NodeView view_;
 };
 

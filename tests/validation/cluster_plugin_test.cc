@@ -90,10 +90,9 @@ TEST_F(ClusterPluginTest, PluginListingAGpuSysfsSaysIsUnhealthyFails) {
   ScriptedPlugin stale(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), kH200Gpus);
   ASSERT_TRUE(stale.Start().ok());
   ASSERT_TRUE(node_->Control("set-driver 0000:3b:00.0 nvidia").ok());
-  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
 
   // The plugin never sends a matching list, so the (short) wait always runs out.
-  const auto checks = PluginChecks(node_->View(advertised), 300ms);
+  const auto checks = PluginChecks(node_->View(node::WholeDevices::kEverySelected), 300ms);
   EXPECT_EQ(FindCheck(checks, "plugin.socket", kH200)->result, Result::kPass);
   const Check* devices = FindCheck(checks, "plugin.devices", kH200);
   ASSERT_NE(devices, nullptr);
@@ -109,8 +108,7 @@ TEST_F(ClusterPluginTest, ListAndWatchIsSentAsAProbe) {
   ASSERT_TRUE(node_->BindToVfio(kH200Gpus).ok());
   ScriptedPlugin plugin(node_->PluginSocket("kubevirt-GH100_H200_SXM_141GB.sock"), kH200Gpus);
   ASSERT_TRUE(plugin.Start().ok());
-  const std::set<std::string> advertised(kH200Gpus.begin(), kH200Gpus.end());
-  const auto checks = PluginChecks(node_->View(advertised), kWait);
+  const auto checks = PluginChecks(node_->View(node::WholeDevices::kEverySelected), kWait);
   EXPECT_EQ(FindCheck(checks, "plugin.devices", kH200)->result, Result::kPass);
   EXPECT_THAT(plugin.probes(), ::testing::ElementsAre("validate"));
 }

@@ -18,20 +18,9 @@
 #include "vfio_gpu_agent/common/workload.h"
 #include "vfio_gpu_agent/fabric/partition_manager.h"
 #include "vfio_gpu_agent/kube/kubevirt_release.h"
+#include "vfio_gpu_agent/node/snapshot.h"  // ServedDevices
 
 namespace vfio_agent::node {
-
-// A device as a frontend serves it (or as the daemon's own scan says it should be served), under the resource name
-// the device plugin would advertise it.
-struct ServedDevice {
-  std::string resource_name;     // "nvidia.com/GH100_H200_SXM_141GB"
-  std::string id;                // BDF, or an mdev vGPU's UUID
-  bool healthy = false;
-  std::string unhealthy_reason;  // "" when healthy
-  bool operator==(const ServedDevice&) const = default;
-};
-// Sorted by (resource_name, id).
-using ServedDevices = std::vector<ServedDevice>;
 
 // A failing check of the frontend's side of readiness, as the node condition says it.
 struct FrontendCheck {

@@ -1,13 +1,15 @@
 // The node's device model, below both kubelet frontends: every device the node offers (whole GPUs, NVSwitches,
 // vGPUs of either framework) with its name, health, topology, IOMMU group and device nodes, built by one function
 // from one scan. The device plugin (plugin::BuildSnapshot) and the DRA driver (dra::BuildDevices) derive what they
-// serve from it, and `validate` judges the node from it, so a GPU is named and judged the same way whoever looks.
+// serve from it, and `validate` and `run`'s readiness judge the node from it (ServedOf), so a GPU is named and judged
+// the same way whoever looks.
 //
 // What a frontend remembers between scans (the device plugin keeps a GPU once seen on vfio; the DRA driver keeps a
 // device gone from sysfs as unhealthy) is the frontend's policy and stays in its adapter.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,6 +78,37 @@ struct Snapshot {
   const Device* Find(std::string_view id) const;
   bool operator==(const Snapshot&) const = default;
 };
+
+// A device as a frontend serves it (or as the daemon's own scan says it should be served), under the resource name
+// the device plugin would advertise it.
+struct ServedDevice {
+  std::string resource_name;     // "nvidia.com/GH100_H200_SXM_141GB"
+  std::string id;                // BDF, or an mdev vGPU's UUID
+  bool healthy = false;
+  std::string unhealthy_reason;  // "" when healthy
+  bool operator==(const ServedDevice&) const = default;
+};
+// Sorted by (resource_name, id).
+using ServedDevices = std::vector<ServedDevice>;
+
+// Which whole GPUs and NVSwitches of a scan are served (ServedOf).
+enum class WholeDevices {
+  // Only those on a vfio driver now: what `validate`, which remembers no earlier scan, expects the device plugin to
+  // list (it advertises a device once seen on vfio).
+  kOnVfio,
+  // Every one, whatever its driver: the serving agent binds every selected device, and its device plugin keeps one
+  // it has seen on vfio, Unhealthy when it leaves (the daemon's pass).
+  kEverySelected,
+};
+
+// What the node serves from `snapshot`, device by device under its resource name, with the model's health: a vm-vgpu
+// scan's (one built with a discovery) vGPUs, any other scan's GPUs and NVSwitches as `whole` says. The kubelet's,
+// the device plugin's and KubeVirt's checks judge the node by this, as the daemon does, so that `validate` and the
+// serving agent expect the same devices, names and health of one scan.
+ServedDevices ServedOf(const Snapshot& snapshot, WholeDevices whole);
+
+// `served` by resource name, each resource's devices in the order `served` holds them.
+std::map<std::string, ServedDevices> ByResource(const ServedDevices& served);
 
 // What Fabric Manager says of a GPU (shared-NVSwitch mode), asked without knowing how FM is driven.
 class Fabric {

@@ -1,7 +1,8 @@
 // What the device plugin serves: each extended resource's devices (ListAndWatch) and what Allocate hands out,
-// derived from the node's model (node::Snapshot), which the DRA driver and `validate` read too. Only the
+// derived from the node's model (node::Snapshot), which the DRA driver, `validate` and the daemon read too. Only the
 // device plugin's own policy lives here: which devices it advertises (a GPU once seen on vfio), and how they group
-// into resources.
+// into resources. DeviceSnapshot is the plugin's own model, not the node's: nothing outside the plugin judges the node
+// by it (node::ServedOf says what the node serves).
 #pragma once
 
 #include <functional>

@@ -21,7 +21,6 @@
 #include "vfio_gpu_agent/pci/inventory.h"
 #include "vfio_gpu_agent/pci/selection.h"
 #include "vfio_gpu_agent/node/snapshot.h"
-#include "vfio_gpu_agent/plugin/devices.h"
 #include "vfio_gpu_agent/plugin/vfio_backend.h"
 #include "vfio_gpu_agent/vgpu/config.h"
 #include "vfio_gpu_agent/vgpu/discovery.h"
@@ -55,16 +54,19 @@ struct Check {
 };
 
 // The node as the serving agent sees it: `model` is node::Build over the current scan (with the vGPU discovery on a
-// vm-vgpu node) and the same name rules the agent uses, and `expected` what the device plugin would advertise of it
-// (plugin::WholeDevicesOf, or on a vm-vgpu node plugin::VgpusOf).
+// vm-vgpu node) and the same name rules the agent uses, and `served` what the node serves of it under each resource
+// name (node::ServedOf over `model`: `validate` counts the GPUs on vfio now, `run`'s pass every selected one), which
+// the plugin, kubelet and KubeVirt layers judge the node by. The daemon's vm-vgpu readiness has no model: `served` is
+// then what its frontend serves. Never the device plugin's own model (plugin::DeviceSnapshot): validation judges the
+// node by the node's model, whichever frontend serves it.
 struct VgpuView;
 struct NodeView {
   HostPaths paths;
   const pci::Inventory* inventory = nullptr;
   const pci::Selection* selection = nullptr;
   const node::Snapshot* model = nullptr;
-  const plugin::DeviceSnapshot* expected = nullptr;
-  Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `expected` holds vGPUs, and the messages say so
+  const node::ServedDevices* served = nullptr;
+  Workload workload = Workload::kVmPassthrough;  // vm-vgpu: `served` holds vGPUs, and the messages say so
   const VgpuView* vgpu = nullptr;  // vm-vgpu only
   // --kubelet-api dra --bind-on-prepare: GPUs stay on their host drivers until a claim's Prepare binds them, so
   // layer 2 wants on a vfio driver only the IOMMU groups the driver's checkpoint says a prepared claim holds (or
@@ -124,10 +126,10 @@ bool VgpuDevicesReady(const std::vector<Check>& checks);
 // given) returns kSkip checks that say why, never an empty list.
 //
 // Plugin: acts as the kubelet does on every kubevirt-<name>.sock in paths.kubelet_dir: GetDevicePluginOptions,
-// then the first ListAndWatch response (bounded by `wait`), compared with `expected`. Another socket serving
-// one of our resource names fails.
+// then the first ListAndWatch response (bounded by `wait`), compared with `served`. Another socket serving
+// one of our resource names, or our devices (their IOMMU groups' functions from `model`), fails.
 std::vector<Check> PluginChecks(const NodeView& node, std::chrono::milliseconds wait);
-// Kubelet: pod-resources GetAllocatableResources + List on `socket` against the healthy set of `expected`.
+// Kubelet: pod-resources GetAllocatableResources + List on `socket` against the healthy set of `served`.
 std::vector<Check> KubeletChecks(const NodeView& node, const std::filesystem::path& socket,
                                  std::chrono::milliseconds wait);
 // KubeVirt: `kubevirt_cr` is the text of a KubeVirt CR (YAML or JSON, one object, a List, or
@@ -150,7 +152,7 @@ struct KubevirtCrUnavailable {
   std::string detail;   // what the server (or the transport) said, and where the credentials came from
 };
 std::vector<Check> KubevirtUnavailableChecks(const KubevirtCrUnavailable& why);
-// KubeVirt on a vm-vgpu node: each vGPU resource of node.expected permitted with externalResourceProvider: true,
+// KubeVirt on a vm-vgpu node: each vGPU resource of node.served permitted with externalResourceProvider: true,
 // mdev types as mediatedDevices (mdevNameSelector = the type name), SR-IOV profiles as pciHostDevices; the
 // feature gates as KubevirtChecks.
 std::vector<Check> VgpuKubevirtChecks(const NodeView& node, const std::optional<std::string>& kubevirt_cr);
