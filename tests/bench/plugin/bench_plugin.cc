@@ -328,6 +328,7 @@ struct LaunchWay {
   const ImageRoot* image = nullptr;  // null: posix_spawn with the host's paths
   std::filesystem::path sysfs;       // the FUSE mount or its plain copy
   bool go_peer = false;              // the Go stack's plugin (tests/bench/go_peer), not the agent
+  bool nvidia_peer = false;          // NVIDIA's kubevirt-gpu-device-plugin: no flags, its image's paths only
   std::vector<double> launch_ms;     // launch -> Register received by the kubelet simulator
   std::vector<double> exec_ms;       // execve -> Register (the container's setup left out)
   std::vector<double> rss_kb;        // VmRSS once the kubelet lists the 8 devices, per start
@@ -366,7 +367,11 @@ bool LaunchOnce(LaunchWay& way, const std::filesystem::path& dev_root, kubeletsi
               (root / "var/lib/kubelet/device-plugins").string(), (root / "proc").string(), {}, {}};
     launch.argv = {way.image->exe().c_str(), "serve", nullptr};
     if (way.go_peer) launch.argv = {way.image->exe().c_str(), "--resource", kH200, "--devices", "8", nullptr};
+    // NVIDIA's plugin takes no flags: it walks /sys/bus/pci/devices, names the resource from /usr/pci.ids and
+    // registers at /var/lib/kubelet/device-plugins/kubelet.sock, all of which the mounts above provide.
+    if (way.nvidia_peer) launch.argv = {way.image->exe().c_str(), nullptr};
   }
+  if (way.nvidia_peer && way.image == nullptr) return false;  // absolute paths: only ever in its image
   static char stack[64 * 1024];
   const Clock::time_point start = Clock::now();
   pid_t pid = 0;
@@ -424,7 +429,12 @@ double Median(std::vector<double> values) {
 // ratio_<way> = this binary / baseline. VA_GO_PEER_BIN=<go_peer> (tests/bench/go_peer) starts the Go stack's
 // plugin in the same rounds, directly (go_direct) and in its own image (go_container), and reports
 // ratio_go_direct (the agent's direct_plain / go_direct), ratio_go_container, and rss_ratio_go_<way> (the agents'
-// median VmRSS once listed / the peer's). VA_LAUNCH_ROUNDS (default 11) starts per way. A missed Register fails
+// median VmRSS once listed / the peer's). VA_NVIDIA_PEER_BIN=<binary> (NVIDIA/kubevirt-gpu-device-plugin, built as
+// tests/bench/README.md says) starts NVIDIA's plugin in the same rounds, in its own image only (nvidia_container: it
+// reads the absolute /sys, /usr/pci.ids and /var/lib/kubelet paths, so it cannot start directly on a temp tree),
+// with VA_NVIDIA_PEER_PCI_IDS (default: the host's /usr/share/misc/pci.ids; a pci.ids without 10de:2335 names the
+// resource by hex id, which the kubelet simulator then never lists as the H200s) at its image's /usr/pci.ids, and
+// reports ratio_nvidia_container (the agent's container / nvidia_container) and rss_ratio_nvidia. VA_LAUNCH_ROUNDS (default 11) starts per way. A missed Register fails
 // the run (and the exit status). load1_* are /proc/loadavg's 1-minute load before and after.
 bool launch_failed = false;
 
@@ -489,6 +499,26 @@ void BM_LaunchToRegister(benchmark::State& state) {
       ways.push_back(std::move(way));
     }
   }
+  const char* nvidia_peer = std::getenv("VA_NVIDIA_PEER_BIN");
+  if (nvidia_peer != nullptr) {
+    images.push_back(std::make_unique<ImageRoot>(nvidia_peer, /*ld_cache=*/true, "nvidia-kubevirt-gpu-device-plugin"));
+    const char* pci_ids = std::getenv("VA_NVIDIA_PEER_PCI_IDS");
+    std::error_code ec;
+    // Where its image (deployments/container/Dockerfile) puts the pci.ids it ships: pciIdsFilePath.
+    std::filesystem::copy_file(pci_ids != nullptr ? pci_ids : "/usr/share/misc/pci.ids",
+                               images.back()->root() / "usr/pci.ids", ec);
+    if (!images.back()->ok() || ec) {
+      state.SkipWithError("could not build NVIDIA's plugin's image root (or copy its pci.ids)");
+      return;
+    }
+    LaunchWay way;
+    way.label = "nvidia_container";
+    way.binary = nvidia_peer;
+    way.image = images.back().get();
+    way.sysfs = plain.path();
+    way.nvidia_peer = true;
+    ways.push_back(std::move(way));
+  }
   vfio_agent::testing::TempDir dir("va-bench-launch");
   kubeletsim::Options kubelet_options;
   kubelet_options.dir = dir.path();
@@ -549,6 +579,14 @@ void BM_LaunchToRegister(benchmark::State& state) {
       state.counters["rss_ratio_go_" + way] = Median(a.rss_kb) / Median(g.rss_kb);
     }
     state.counters["rss_ratio_go"] = state.counters["rss_ratio_go_container"];
+  }
+  if (nvidia_peer != nullptr) {
+    // Both in their images on the plain tree: NVIDIA's plugin scans it as the agent does.
+    const LaunchWay& a = *by_label.at("container");
+    const LaunchWay& n = *by_label.at("nvidia_container");
+    state.counters["nvidia_container_rss_kB"] = Median(n.rss_kb);
+    state.counters["ratio_nvidia_container"] = Median(a.launch_ms) / Median(n.launch_ms);
+    state.counters["rss_ratio_nvidia"] = Median(a.rss_kb) / Median(n.rss_kb);
   }
 }
 BENCHMARK(BM_LaunchToRegister)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
