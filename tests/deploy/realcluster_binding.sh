@@ -21,6 +21,9 @@
 # Needs the cluster running, the kubelet started with NODE_DEV holding /dev/vfio nodes for the simulated groups
 # (containerd creates them in the pods):
 #   mkdir -p /tmp/fakedev/vfio; for g in vfio 11 13 15 17 19 21 23 25; do mknod /tmp/fakedev/vfio/$g c 1 3; done
+#   # the iommufd cdevs too: the device plugin's --vfio-backend auto hands them out beside the group nodes when no
+#   # KubeVirt release is known, and containerd stats every node it is given
+#   mkdir -p /tmp/fakedev/vfio/devices; for n in $(seq 0 15); do mknod /tmp/fakedev/vfio/devices/vfio$n c 1 3; done
 #   ./run.sh start all && NODE_DEV=/tmp/fakedev GOROOT=... ./kubelet-dra.sh start && GOROOT=... ./kubelet-dra.sh images
 # Env: KUBECONFIG (the administrator's), WORK (/tmp/realcluster), BUILD (build/release: the agent and sysfs-sim),
 #      REALCLUSTER (../shared/realcluster).
