@@ -126,6 +126,9 @@ class Daemon::Impl final : public plugin::AgentObserver, public dra::FabricObser
         source_(node::SourceOptionsOf(options_.serve,
                                       {.bind_on_prepare = options_.dra && options_.dra->bind_on_prepare})),
         health_([this] { return ready_.load(); }, [this] { return Live(); }) {
+    // A frontend that moved a GPU itself (DRA's --bind-on-prepare) asks for a scan that starts after the move: a
+    // pass, which also publishes what the frontend makes of it.
+    source_.SetScanWaker([this] { wakeup_.Notify(); });
     options_.serve.observer = this;
     options_.serve.fabric_observer = this;
     options_.serve.source = &source_;

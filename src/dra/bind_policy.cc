@@ -15,8 +15,66 @@ std::string DriverText(const std::string& driver) { return driver.empty() ? "no 
 
 }  // namespace
 
+void MoveTracker::OnMoveEnded(std::function<void()> ended) {
+  std::lock_guard lock(mu_);
+  ended_ = std::move(ended);
+}
+
+uint64_t MoveTracker::Begin(std::set<std::string> bdfs) {
+  std::lock_guard lock(mu_);
+  const uint64_t id = next_++;
+  moves_[id] = {.bdfs = std::move(bdfs), .start = Clock::now(), .end = std::nullopt};
+  return id;
+}
+
+void MoveTracker::End(uint64_t id) {
+  std::function<void()> ended;
+  {
+    std::lock_guard lock(mu_);
+    auto it = moves_.find(id);
+    if (it == moves_.end()) return;
+    it->second.end = Clock::now();
+    ended = ended_;
+  }
+  if (ended) ended();
+}
+
+bool MoveTracker::Overlaps(const std::string& bdf, Clock::time_point from, Clock::time_point to) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, move] : moves_) {
+    if (move.start <= to && (!move.end || *move.end >= from) && move.bdfs.contains(bdf)) return true;
+  }
+  return false;
+}
+
+void MoveTracker::ForgetEndedBefore(Clock::time_point before) {
+  std::lock_guard lock(mu_);
+  std::erase_if(moves_, [&](const auto& entry) { return entry.second.end && *entry.second.end < before; });
+}
+
+MoveScope::MoveScope(MoveTracker* tracker, const HostPaths& paths, const std::vector<std::string>& bdfs)
+    : tracker_(tracker) {
+  if (tracker_ == nullptr) return;
+  // The whole group moves with each function: its other GPUs are half-moved as well.
+  std::set<std::string> moving(bdfs.begin(), bdfs.end());
+  for (const std::string& bdf : bdfs) {
+    const std::optional<int> group = IommuGroupOf(paths, bdf);
+    if (!group) continue;
+    absl::StatusOr<std::vector<std::string>> members =
+        fs::ListDir(paths.IommuGroups() / std::to_string(*group) / "devices");
+    if (members.ok()) moving.insert(members->begin(), members->end());
+  }
+  id_ = tracker_->Begin(std::move(moving));
+}
+
+MoveScope::~MoveScope() {
+  if (tracker_ != nullptr) tracker_->End(id_);
+}
+
 absl::StatusOr<RecordedDrivers> BindOnPrepare::Bind(const std::vector<std::string>& bdfs, absl::Time call_start) const {
   if (bdfs.empty()) return RecordedDrivers{};  // a claim with no whole GPU (vGPUs) binds nothing
+  // Ends when the answer is known, after a failed bind's return as well.
+  const MoveScope moving(moves_, paths_, bdfs);
   binding::BinderOptions options{.paths = paths_, .policy = policy_, .write_timeout = kWriteTimeout};
   options.targets = binding::Targets::Devices(bdfs);
   options.deadline = call_start + kBindBudget;
@@ -88,6 +146,9 @@ absl::Status BindOnPrepare::Return(const RecordedDrivers& drivers, absl::Time de
     }
   }
   if (options.return_to.empty()) return absl::OkStatus();
+  std::vector<std::string> returning;
+  for (const auto& [bdf, driver] : options.return_to) returning.push_back(bdf);
+  const MoveScope moving(moves_, paths_, returning);
   absl::StatusOr<binding::BindReport> report = binding::Unbind(options);
   if (!report.ok()) return report.status();
   std::vector<std::string> left;

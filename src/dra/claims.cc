@@ -230,13 +230,14 @@ drav1::NodePrepareResourceResponse ToResponse(const PreparedClaim& claim) {
   return response;
 }
 
-ClaimPreparer::ClaimPreparer(const DriverOptions& options, FabricClaims* fabric)
+ClaimPreparer::ClaimPreparer(const DriverOptions& options, FabricClaims* fabric, MoveTracker* moves)
     : options_(options),
       fabric_(fabric),
+      moves_(moves),
       names_(options.pci_ids, options.domain, options.overrides),
       plugin_dir_(options.plugins_dir / options.driver_name),
       vgpu_catalog_(options.vgpu_catalog_file) {
-  if (options.bind_on_prepare) bind_.emplace(options.paths, options.policy);
+  if (options.bind_on_prepare) bind_.emplace(options.paths, options.policy, moves);
 }
 
 std::filesystem::path ClaimPreparer::CheckpointFile(const std::string& uid) const {
@@ -387,7 +388,7 @@ absl::Status ClaimPreparer::UndoPending(const PreparedClaim& claim, absl::Time d
     if (now.ok() && pci::IsVfioDriver(*now)) moved[bdf] = driver;
   }
   if (!moved.empty()) {
-    const BindOnPrepare returner(options_.paths, options_.policy);
+    const BindOnPrepare returner(options_.paths, options_.policy, moves_);
     if (absl::Status returned = returner.Return(moved, deadline); !returned.ok()) return returned;
     for (const auto& [bdf, driver] : moved) {
       spdlog::info("DRA claim {}/{} ({}): {} returned to {} (unfinished Prepare)", claim.namespace_name, claim.name,

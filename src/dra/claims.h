@@ -63,8 +63,8 @@ struct PreparedClaim {
 class ClaimPreparer final : public ClaimHandler {
  public:
   // `fabric` (not owned, may be null): activates a claim's partition in Prepare, releases it when the claim's
-  // files are removed.
-  explicit ClaimPreparer(const DriverOptions& options, FabricClaims* fabric = nullptr);
+  // files are removed. `moves` (not owned, may be null): where every bind and return of a GPU is recorded.
+  explicit ClaimPreparer(const DriverOptions& options, FabricClaims* fabric = nullptr, MoveTracker* moves = nullptr);
 
   // Reads the checkpoint directory: claims of this boot are prepared again (a repeat answers them as before,
   // their devices stay held); a claim from another boot is discarded with its CDI spec and metadata.
@@ -140,6 +140,7 @@ class ClaimPreparer final : public ClaimHandler {
 
   const DriverOptions options_;
   FabricClaims* const fabric_;
+  MoveTracker* const moves_;
   const names::NameResolver names_;
   const std::filesystem::path plugin_dir_;  // <plugins_dir>/<driver>
   std::optional<BindOnPrepare> bind_;  // with --bind-on-prepare

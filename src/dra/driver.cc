@@ -112,7 +112,7 @@ class Driver::Impl {
           if (accepted) WakeForRegistration();
         }),
         fabric_(options_),
-        claims_(options_, &fabric_),
+        claims_(options_, &fabric_, &moves_),
         binding_wanted_(BindingConditionsWanted(options_)),
         v1_(claims_, serialize_),
         v1beta1_(claims_, serialize_) {}
@@ -122,6 +122,16 @@ class Driver::Impl {
   absl::Status Start() {
     if (absl::Status name = ValidateDriverName(options_.driver_name); !name.ok()) return name;
     if (absl::Status modes = ValidateModes(options_); !modes.ok()) return modes;
+    // After a GPU moved, a scan that started after the move judges it: the health kept through the move must not
+    // outlive it (a failed move that left the GPU unhealthy is published now, not at the next periodic rescan).
+    moves_.OnMoveEnded([this] {
+      if (own_source_) {
+        move_ended_ = true;
+        wakeup_.Notify();
+      } else {
+        source_.RequestScan();
+      }
+    });
     claims_.OnHoldsChanged([this](const std::vector<GroupHold>& holds) {
       {
         std::lock_guard lock(holds_mu_);
@@ -286,6 +296,7 @@ class Driver::Impl {
       next = Vgpus(*state, previous);
     } else {
       next = GpusOf(state->snapshot, state->inventory, options_.pci_ids, options_.driver_name, previous);
+      KeepHealthThroughMoves(*state, &next);  // sysfs' health only: Fabric Manager's is applied after, as it is now
       fabric_.AddAttributes(&next);
       fabric_.MarkUnusable(&next);
     }
@@ -309,6 +320,26 @@ class Driver::Impl {
     }
     SendHealth(next);
     slices_stale_ = true;
+  }
+
+  // A GPU the driver was moving while `state` was scanned (its group half-bound: on vfio-pci before its
+  // /dev/vfio/<group> exists, or the node gone before the driver link) keeps the sysfs health it had before: what
+  // such a scan saw clears by itself and is not the GPU's health. The first scan that started after the move ended
+  // decides (the move's end asks for one).
+  void KeepHealthThroughMoves(const node::State& state, std::vector<GpuDevice>* devices) {
+    std::map<std::string, std::string> judged;
+    for (GpuDevice& device : *devices) {
+      auto before = sysfs_health_.find(device.bdf);
+      if (before != sysfs_health_.end() && device.unhealthy_reason != before->second &&
+          moves_.Overlaps(device.bdf, state.scan_started, state.scan_ended)) {
+        spdlog::debug("DRA device {} ({}): scanned while its IOMMU group was moving (\"{}\"); keeping \"{}\" until a "
+                      "scan after the move", device.slice.name, device.bdf, device.unhealthy_reason, before->second);
+        device.unhealthy_reason = before->second;
+      }
+      judged[device.bdf] = device.unhealthy_reason;
+    }
+    sysfs_health_ = std::move(judged);
+    moves_.ForgetEndedBefore(state.scan_started);  // every later scan starts after this one
   }
 
   // vm-vgpu: the node's vGPUs. Each problem (a vGPU not published, and why) is logged once while it lasts: the
@@ -514,6 +545,7 @@ class Driver::Impl {
         // `run`'s loop follows the devices and rescans the shared source; its states arrive through the subscription.
         Refresh(fabric_changed);
       } else {
+        if (move_ended_.exchange(false)) rescan = true;  // a scan that starts after the move ended
         if (devices_changed) {
           rescan = true;
           settle = now + kSettleRescan;
@@ -552,6 +584,7 @@ class Driver::Impl {
   std::mutex posted_mu_;
   std::shared_ptr<const node::State> posted_;
   internal::RegistrationService registration_;
+  internal::MoveTracker moves_;  // before claims_, which records its binds and returns here
   internal::FabricClaims fabric_;
   internal::ClaimPreparer claims_;
   const bool binding_wanted_;
@@ -582,6 +615,7 @@ class Driver::Impl {
   std::map<std::string, HeldSibling> held_logged_;  // the group-held devices of the last slice sync
   bool health_sent_ = false;
   bool slices_stale_ = true;
+  std::map<std::string, std::string> sysfs_health_;  // BDF -> the last Take's health from sysfs (before FM's)
   Clock::time_point next_health_ = Clock::time_point::max();
   Clock::time_point next_slices_{};
   Clock::time_point slice_burst_until_{};
@@ -590,6 +624,7 @@ class Driver::Impl {
   std::atomic<bool> registered_{false};
   std::atomic<bool> slices_changed_{false};  // set by the slice watch's thread
   std::atomic<bool> fabric_changed_{false};
+  std::atomic<bool> move_ended_{false};  // own source: a GPU's move ended, rescan
   std::atomic<bool> stopping_{false};
   std::thread loop_;
   std::mutex sweep_mu_;

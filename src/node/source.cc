@@ -42,6 +42,7 @@ void Source::WithCatalog(const std::function<void(vgpu::CatalogStore&)>& use) {
 
 absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
   std::lock_guard lock(scan_mu_);
+  const auto started = std::chrono::steady_clock::now();
   absl::StatusOr<pci::Inventory> inventory =
       pci::Scan(options_.paths.sysfs_root, {.detail_vendor = options_.policy.vendor_id, .driver_override = false});
   if (!inventory.ok()) return inventory.status();
@@ -57,6 +58,8 @@ absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
   state->snapshot = Build(options_.paths, state->inventory, state->selection, names_,
                           state->discovery ? &*state->discovery : nullptr, options_.build);
   state->generation = ++generation_;
+  state->scan_started = started;
+  state->scan_ended = std::chrono::steady_clock::now();
   std::shared_ptr<const State> done = std::move(state);
   {
     std::lock_guard current(current_mu_);
@@ -69,6 +72,26 @@ absl::StatusOr<std::shared_ptr<const State>> Source::Rescan() {
 std::shared_ptr<const State> Source::Current() const {
   std::lock_guard lock(current_mu_);
   return current_;
+}
+
+void Source::RequestScan() {
+  std::function<void()> waker;
+  {
+    std::lock_guard lock(waker_mu_);
+    waker = waker_;
+  }
+  if (waker) {
+    waker();
+    return;
+  }
+  if (absl::StatusOr<std::shared_ptr<const State>> state = Rescan(); !state.ok()) {
+    spdlog::warn("rescan asked for: {}", state.status().ToString());
+  }
+}
+
+void Source::SetScanWaker(std::function<void()> waker) {
+  std::lock_guard lock(waker_mu_);
+  waker_ = std::move(waker);
 }
 
 uint64_t Source::Subscribe(Subscriber subscriber) {

@@ -5,6 +5,7 @@
 #include <future>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -132,6 +133,17 @@ class BindOnPrepareTest : public kube::testing::KubeApiSimTest {
   std::filesystem::path CdiSpec(const std::string& uid) const {
     return dir_.path() / "cdi" / absl::StrCat(kDriverName, "_claim_", uid, ".json");
   }
+  // The device's health in the kubelet's latest health message; nullopt when not in it.
+  std::optional<::v1alpha1::HealthStatus> StreamedHealth(const std::string& bdf) const {
+    auto health = kubelet_->LatestHealth(kDriverName);
+    if (!health) return std::nullopt;
+    for (const auto& device : health->devices()) {
+      if (device.device().device_name() == DeviceName(bdf)) return device.health();
+    }
+    return std::nullopt;
+  }
+  // Something under <dev>/ changed: the driver's loop rescans now (its device event).
+  void PokeDevDir(const std::string& name) const { std::ofstream(sim_->dev_root() / name) << "\n"; }
   const GpuDevice* Published(const std::string& bdf) {
     devices_ = driver_->Devices();
     for (const GpuDevice& device : devices_) {
@@ -409,6 +421,54 @@ TEST_F(BindOnPrepareTest, ARestartUndoesAPrepareCutShort) {
   EXPECT_EQ(DriverOf(kQuadro), "vfio-pci");
   ASSERT_EQ(Unprepare("uid-1"), "");
   ExpectOn(kQuadroGroup);
+}
+
+// A scan taken while a claim's Prepare is moving a GPU sees it half-moved, which is not its health: the driver keeps
+// the health the GPU had before for that scan (the stream and the slice stay Healthy), while the same scan's news of
+// a GPU nobody moves is published. A move that leaves its GPU unhealthy is published as soon as it ends, not at the
+// next periodic rescan.
+TEST_F(BindOnPrepareTest, AScanDuringAMoveKeepsTheGpusHealthAndTheFirstScanAfterItDecides) {
+  StartHost(sim::NodeFile("a10x2-nvidia.json"), {absl::StrCat("unbind-delay ", kA10First, " -1")});
+  DriverOptions options = Options();
+  options.rescan_interval = std::chrono::hours(1);  // only device events and the end of a move scan
+  ASSERT_NO_FATAL_FAILURE(testing::StartRegistered(options, &driver_, &kubelet_));
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] {
+    return StreamedHealth(kA10First) == ::v1alpha1::HEALTHY && StreamedHealth(kA10Second) == ::v1alpha1::HEALTHY;
+  }));
+
+  AddClaim("uid-1", {kA10First});
+  std::future<std::string> prepared = std::async(std::launch::async, [this] { return Prepare("uid-1"); });
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] {
+    return absl::c_linear_search(sim_->Log(), absl::StrCat("unbind-wait ", kA10First, " nvidia"));
+  }));
+  // Mid-move both GPUs read as off the bus; a device event makes the driver scan.
+  ASSERT_TRUE(sim_->Control(absl::StrCat("dead ", kA10First, " 1")).ok());
+  ASSERT_TRUE(sim_->Control(absl::StrCat("dead ", kA10Second, " 1")).ok());
+  PokeDevDir("poke-1");
+  ASSERT_TRUE(vfio_agent::testing::WaitUntil([&] { return StreamedHealth(kA10Second) == ::v1alpha1::UNHEALTHY; }));
+  // The same message: the moving GPU as it was before the move.
+  EXPECT_EQ(StreamedHealth(kA10First), ::v1alpha1::HEALTHY);
+  const GpuDevice* moving = Published(kA10First);
+  ASSERT_NE(moving, nullptr);
+  EXPECT_TRUE(moving->healthy()) << moving->unhealthy_reason;
+  EXPECT_TRUE(moving->slice.taints.empty());
+
+  ASSERT_TRUE(sim_->Control(absl::StrCat("dead ", kA10First, " 0")).ok());
+  ASSERT_TRUE(sim_->Control(absl::StrCat("unbind-delay ", kA10First, " 0")).ok());
+  ASSERT_TRUE(sim_->Control(absl::StrCat("release ", kA10First)).ok());
+  ASSERT_EQ(prepared.get(), "");
+  EXPECT_EQ(DriverOf(kA10First), "vfio-pci");
+  EXPECT_EQ(StreamedHealth(kA10First), ::v1alpha1::HEALTHY);
+
+  // Unprepare returns it to nvidia, where it reads as off the bus: once the return ended, that is its health.
+  ASSERT_TRUE(sim_->Control(absl::StrCat("dead ", kA10First, " 1")).ok());
+  ASSERT_EQ(Unprepare("uid-1"), "");
+  EXPECT_EQ(DriverOf(kA10First), "nvidia");
+  EXPECT_TRUE(vfio_agent::testing::WaitUntil([&] { return StreamedHealth(kA10First) == ::v1alpha1::UNHEALTHY; },
+                                             std::chrono::seconds(10)));
+  moving = Published(kA10First);
+  ASSERT_NE(moving, nullptr);
+  EXPECT_THAT(moving->unhealthy_reason, HasSubstr("config space"));
 }
 
 }  // namespace

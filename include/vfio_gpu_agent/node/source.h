@@ -9,6 +9,7 @@
 // its own Source and rescans it on its device events.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -75,6 +76,10 @@ struct State {
   std::optional<vgpu::Discovery> discovery;  // vm-vgpu nodes
   Snapshot snapshot;
   uint64_t generation = 0;  // counts scans of this source, from 1
+  // When the scan began reading sysfs and when it was done: a GPU whose drivers the agent moved during that
+  // interval was seen half-moved (the DRA driver keeps its health from before such a scan).
+  std::chrono::steady_clock::time_point scan_started{};
+  std::chrono::steady_clock::time_point scan_ended{};
 };
 
 class Source {
@@ -100,6 +105,13 @@ class Source {
   // The last scan's state; null before the first.
   std::shared_ptr<const State> Current() const;
 
+  // Asks the source's owner for a scan that starts after this call (the DRA driver, after it moved a GPU, so that
+  // the health it kept through the move is judged afresh). `run` installs a waker that makes its reconcile loop
+  // scan; without one the scan is done here, on the caller's thread (which must not be a subscriber's call).
+  void RequestScan();
+  // The owner's waker for RequestScan; called from any thread, it must only wake the owner. Empty: none.
+  void SetScanWaker(std::function<void()> waker);
+
   using Subscriber = std::function<void(const std::shared_ptr<const State>&)>;
   // From any thread but a subscriber's call; the id is Unsubscribe's. A subscriber that goes away (a frontend
   // stopped by a mode switch) unsubscribes first: it is not called after Unsubscribe returns.
@@ -124,6 +136,8 @@ class Source {
   std::vector<std::pair<uint64_t, Subscriber>> subscribers_;
   uint64_t next_subscriber_ = 1;
   uint64_t generation_ = 0;
+  std::mutex waker_mu_;
+  std::function<void()> waker_;
   mutable std::mutex current_mu_;
   std::shared_ptr<const State> current_;
 };
