@@ -123,7 +123,9 @@ TEST(MetricsListenTest, ATakenPortIsAnErrorNamingTheAddress) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("metrics on 127.0.0.1:" + std::to_string(port)));
 }
 
-// Stopping with a client connected that sends nothing (ctest's timeout would catch a hang).
+// Stopping with a client connected that sends nothing returns (ctest's timeout would catch a hang). Whether civetweb
+// closes that connection is not asked: one its listener accepted but no worker took yet stays open after mg_stop,
+// and a read of it would block forever (seen on a loaded machine); `run` stops its metrics only as it exits.
 TEST(MetricsListenTest, StopsWithASilentClientConnected) {
   const int port = vfio_agent::testing::UnusedLoopbackPort();
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -136,8 +138,6 @@ TEST(MetricsListenTest, StopsWithASilentClientConnected) {
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
   }
-  char byte;
-  EXPECT_LE(::recv(fd, &byte, 1, 0), 0);  // closed unanswered (reset if the server never accepted it)
   ::close(fd);
 }
 
