@@ -18,12 +18,9 @@ using plugin::testing::kH200Gpus;
 using plugin::testing::Node;
 
 TEST(RunScansTest, APassScansSysfsOnceAndAReboundGpuIsServedFromThePassesScans) {
-  auto created = Node::Create("hgx-h200-8gpu.json");
+  auto created = NodeWithKubelet("hgx-h200-8gpu.json");
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<Node> node = *std::move(created);
-  kubeletsim::Options kubelet;
-  kubelet.pod_resources_socket = PodResourcesSocket(*node);
-  ASSERT_TRUE(node->StartKubelet(kubelet).ok());
   DaemonOptions options = PassthroughDaemonOptions(*node);
   options.resync_interval = std::chrono::hours(1);
   Daemon daemon(options, nullptr);
@@ -59,12 +56,9 @@ TEST(RunScansTest, APassScansSysfsOnceAndAReboundGpuIsServedFromThePassesScans) 
 // --rescan-interval scan of the shared source, not only by the next full pass (an hour here): the kubelet sees the
 // GPU unhealthy. The frontend rescanned on its own before one node::Source per process; the loop does it now.
 TEST(RunScansTest, ADeadConfigSpaceIsFoundByTheRescanIntervalNotTheResync) {
-  auto created = Node::Create("hgx-h200-8gpu.json");
+  auto created = NodeWithKubelet("hgx-h200-8gpu.json");
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<Node> node = *std::move(created);
-  kubeletsim::Options kubelet;
-  kubelet.pod_resources_socket = PodResourcesSocket(*node);
-  ASSERT_TRUE(node->StartKubelet(kubelet).ok());
   DaemonOptions options = PassthroughDaemonOptions(*node);
   options.resync_interval = std::chrono::hours(1);
   options.serve.rescan_interval = std::chrono::milliseconds(50);

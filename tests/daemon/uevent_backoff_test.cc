@@ -86,12 +86,9 @@ class UeventFeed {
 TEST(UeventBackoffTest, UeventForTheDeviceRetriesItAtOnceAndOneForAnotherDoesNot) {
   constexpr char kFaulty[] = "0000:18:00.0";
   constexpr char kOther[] = "0000:2a:00.0";
-  auto created = Node::Create("hgx-h200-8gpu.json");
+  auto created = NodeWithKubelet("hgx-h200-8gpu.json");
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<Node> node = *std::move(created);
-  kubeletsim::Options kubelet;
-  kubelet.pod_resources_socket = PodResourcesSocket(*node);
-  ASSERT_TRUE(node->StartKubelet(kubelet).ok());
   ASSERT_TRUE(node->Control(std::string("bind-errno ") + kFaulty + " EIO").ok());
 
   // Every other GPU's bind must meet its deadlines on a loaded machine: a miss would back it off for the hour.
