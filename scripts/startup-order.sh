@@ -16,7 +16,8 @@
 # and new start-up code lands in the rest of the text. Regenerate after a change that moves start-up work, and
 # compare `rss_registered_kB` of tests/bench/plugin's BM_LaunchToRegister before and after.
 #
-# Usage: scripts/startup-order.sh [BUILD_DIR]   (default build/release, after scripts/build.sh release)
+# Usage: scripts/startup-order.sh [BUILD_DIR]   (default build/release, after scripts/build.sh release);
+#        KEEP_WORK=1 keeps the callgrind profiles and the simulators' logs.
 # Needs valgrind (apt-get install valgrind) and /dev/fuse (the sysfs simulator), as the tests do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  [ -n "${KEEP_WORK:-}" ] && echo "startup-order: kept $work" >&2 || rm -rf "$work"
+  if [ -n "${KEEP_WORK:-}" ]; then echo "startup-order: kept $work (the profiles, the simulators' logs)" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
@@ -131,8 +132,8 @@ for line in subprocess.run(['nm', '-C', '--defined-only', agent], capture_output
         symbols[name] = None if name in symbols else int(address, 16)
 
 def executed(profile):
-    hit, obj, function = set(), None, None
-    relative, absolute = [], {}
+    obj, function = None, None
+    relative, unnamed, entries = [], [], {}
     for line in open(profile):
         if line.startswith('ob='):
             obj = line[3:].strip()
@@ -143,25 +144,18 @@ def executed(profile):
             if obj == agent:
                 relative.append(address)
             elif obj == '???':
-                absolute[function] = min(address, absolute.get(function, address))
-    biases = collections.Counter(a - symbols[f] for f, a in absolute.items() if symbols.get(f) is not None)
-    if absolute and not biases:
+                unnamed.append(address)
+                entries[function] = min(address, entries.get(function, address))
+    biases = collections.Counter(a - symbols[f] for f, a in entries.items() if symbols.get(f) is not None)
+    if unnamed and not biases:
         sys.exit('startup-order: no function of the unnamed object is in the binary\'s symbol table')
     bias = biases.most_common(1)[0][0] if biases else 0
-    unnamed = [a - bias for a in absolute_lines(profile)] if absolute else []
-    for address in relative + unnamed:
+    hit = set()
+    for address in relative + [a - bias for a in unnamed]:
         i = bisect.bisect_right(starts, address) - 1
         if i >= 0 and address < sections[i][0] + sections[i][1]:
             hit.add(i)
     return hit
-
-def absolute_lines(profile):
-    obj = None
-    for line in open(profile):
-        if line.startswith('ob='):
-            obj = line[3:].strip()
-        elif line.startswith('0x') and obj == '???':
-            yield int(line.split()[0], 16)
 
 patterns, seen, summary = [], set(), []
 for profile in profiles:
