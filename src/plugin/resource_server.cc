@@ -407,7 +407,7 @@ void ResourceServer::StreamDone(DeviceStream* stream) {
   if (notify && on_stream_ended_) on_stream_ended_();
 }
 
-void ResourceServer::Shutdown(bool deregister) {
+void ResourceServer::Shutdown(bool deregister, std::chrono::milliseconds deregister_grace) {
   {
     std::lock_guard lock(mu_);
     if (shutting_down_) return;
@@ -418,7 +418,8 @@ void ResourceServer::Shutdown(bool deregister) {
   // Streams finish on their own once the empty list is written; the deadline cancels a peer that stopped
   // reading. Every waiting request then fails and every call ends, on the queue's thread; the queue is shut
   // down only after the last call object is gone, so none can start an operation on a shut-down queue.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(deregister ? 1000 : 100));
+  const std::chrono::milliseconds grace = deregister ? deregister_grace : std::chrono::milliseconds(100);
+  server_->Shutdown(std::chrono::system_clock::now() + grace);
   {
     std::unique_lock lock(mu_);
     call_objects_cv_.wait(lock, [&] { return call_objects_ == 0; });

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
@@ -67,8 +68,10 @@ class ResourceServer final {
   // New device set (or node set): sent at once to every open stream, unless identical to what that stream last got.
   void Update(const ResourceDevices& devices, pci::VfioNodeSet node_set, bool host_iommufd);
   // Ends every stream (after an empty device list when `deregister`), stops the server and releases the
-  // socket path (gRPC unlinks it). Idempotent.
-  void Shutdown(bool deregister);
+  // socket path (gRPC unlinks it). Idempotent. `deregister_grace`: how long a stream is given to take the empty
+  // list before the server cancels it (a kubelet that stopped reading must not hold the agent's exit).
+  static constexpr std::chrono::milliseconds kDeregisterGrace{1000};
+  void Shutdown(bool deregister, std::chrono::milliseconds deregister_grace = kDeregisterGrace);
 
   const FileId& socket_id() const { return socket_id_; }
   // The kubelet's ListAndWatch streams; a probe's (kProbeMetadata) are apart.

@@ -112,7 +112,9 @@ TEST(DashboardSeriesTest, EveryExpressionOfTheCozystackDashboardNamesASeriesTheA
   // The start time is this process's: a restart is a new value.
   double started = 0;
   for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
-    if (absl::ConsumePrefix(&line, "vfio_gpu_agent_start_time_seconds ")) ASSERT_TRUE(absl::SimpleAtod(line, &started));
+    if (absl::ConsumePrefix(&line, "vfio_gpu_agent_start_time_seconds ")) {
+      ASSERT_TRUE(absl::SimpleAtod(line, &started));
+    }
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   EXPECT_GT(started, now - 300) << scrape;

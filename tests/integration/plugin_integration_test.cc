@@ -115,6 +115,16 @@ TEST_F(PluginIntegrationTest, KubeletRestartRestartsTheServerOnce) {
   ASSERT_TRUE(node_->StartKubelet().ok());
   ASSERT_TRUE(node_->StartAgent().ok());
   ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1));
+  // The kubelet counts a Register when it receives it, the agent when the answer arrives; an answer that arrives
+  // after the stream ended is not a registration (the kubelet that gave it is gone). So each restart waits for the
+  // agent's own count, as a real restart's gap makes certain.
+  const auto agent_registered = [&](int registrations) {
+    return WaitUntil([&] {
+      const ResourceStatus status = node_->agent().Resources().at(0);
+      return status.registered && status.registrations >= registrations;
+    });
+  };
+  ASSERT_TRUE(agent_registered(1));
   const int first = node_->agent().Resources().at(0).serves;
   constexpr int kRestarts = 5;
   for (int i = 1; i <= kRestarts; ++i) {
@@ -125,6 +135,7 @@ TEST_F(PluginIntegrationTest, KubeletRestartRestartsTheServerOnce) {
     })) << "restart " << i;
     ASSERT_TRUE(node_->kubelet().Start().ok());
     ASSERT_TRUE(RegisteredWithAllEight(node_->kubelet(), 1 + i)) << "restart " << i;
+    ASSERT_TRUE(agent_registered(1 + i)) << "restart " << i;
   }
   const ResourceStatus after = node_->agent().Resources().at(0);
   EXPECT_EQ(after.serves, first + kRestarts);

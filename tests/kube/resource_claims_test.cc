@@ -133,7 +133,9 @@ TEST_F(ResourceClaimsTest, AnAgentWatchesOnlyItsOwnNodesClaims) {
   ASSERT_TRUE(sim::KubeApiSim::WaitFor([&] { return l.Gone("l1"); }));
   // The requests were the label-selected list and watch, nothing cluster-wide.
   for (const sim::KubeApiRequest& request : api_->Log()) {
-    if (request.path.starts_with(kResourceClaimsPath)) EXPECT_EQ(request.method, "GET");
+    if (request.path.starts_with(kResourceClaimsPath)) {
+      EXPECT_EQ(request.method, "GET");
+    }
   }
 }
 

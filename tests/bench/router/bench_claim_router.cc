@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "api_client.h"
 #include "config.h"
@@ -173,7 +174,15 @@ class Bench {
       if (o_.phases.find(phase) == std::string::npos) continue;
       if (!RunPhase(phase == "routed")) rc = 1;
     }
-    client_->Send("DELETE", absl::StrCat("/api/v1/namespaces/", o_.ns), "", "", 30s);
+    // The figures are printed already; a namespace left behind is still the run's failure, to be cleaned by hand.
+    absl::StatusOr<ApiResponse> deleted =
+        client_->Send("DELETE", absl::StrCat("/api/v1/namespaces/", o_.ns), "", "", 30s);
+    if (!deleted.ok() || deleted->code / 100 != 2) {
+      const std::string why =
+          deleted.ok() ? absl::StrCat("HTTP ", deleted->code, " ", deleted->body) : deleted.status().ToString();
+      std::cerr << "namespace " << o_.ns << " not deleted: " << why << "\n";
+      return 1;
+    }
     std::cout << "namespace " << o_.ns << " deleted\n";
     return rc;
   }

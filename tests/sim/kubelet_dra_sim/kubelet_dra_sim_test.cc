@@ -146,8 +146,12 @@ TEST_F(KubeletDraSimTest, A137KubeletOpensV1HealthWhenListedAndNoStreamWhenNothi
   ASSERT_TRUE(sim_->WaitFor([](const KubeletDraSim& s) { return s.Count("health-end") > 0; }, 30s));
   EXPECT_EQ(sim_->Plugins().at("example.com").health_service, "v1.DRAResourceHealth");
   for (const Event& event : sim_->Events()) {
-    if (event.kind == "health-stream") EXPECT_EQ(event.detail, "v1.DRAResourceHealth");
-    if (event.kind == "health-end") EXPECT_EQ(event.detail.substr(0, 3), "12 ") << event.detail;  // UNIMPLEMENTED
+    if (event.kind == "health-stream") {
+      EXPECT_EQ(event.detail, "v1.DRAResourceHealth");
+    }
+    if (event.kind == "health-end") {
+      EXPECT_EQ(event.detail.substr(0, 3), "12 ") << event.detail;  // UNIMPLEMENTED
+    }
   }
   sim_.reset();
   plugin.reset();
@@ -168,7 +172,9 @@ TEST_F(KubeletDraSimTest, A136KubeletOpensV1alpha1HealthWhateverThePluginLists) 
   ASSERT_TRUE(sim.WaitFor([](const KubeletDraSim& s) { return s.Count("health-end") > 0; }, 30s));
   EXPECT_EQ(sim.Plugins().at("example.com").health_service, "v1alpha1.DRAResourceHealth");
   for (const Event& event : sim.Events()) {
-    if (event.kind == "health-stream") EXPECT_EQ(event.detail, "v1alpha1.DRAResourceHealth");
+    if (event.kind == "health-stream") {
+      EXPECT_EQ(event.detail, "v1alpha1.DRAResourceHealth");
+    }
   }
 }
 
