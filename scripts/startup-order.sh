@@ -59,12 +59,14 @@ profile() {
   "$sim/kubelet_sim/kubelet-sim" --dir "$dir/kubelet" --pod-resources-socket "$dir/pod-resources.sock" \
     --wait "$resource=8" --timeout-ms 300000 >"$dir/kubelet.log" 2>&1 &
   local kubelet=$!
+  pids+=("$kubelet")
   until [ -S "$dir/kubelet/kubelet.sock" ]; do sleep 0.1; done
   env -u KUBERNETES_SERVICE_HOST -u KUBECONFIG -u NODE_NAME \
     valgrind --tool=callgrind --dump-instr=yes --dump-line=no --compress-pos=no --compress-strings=no \
     --callgrind-out-file="$dir/callgrind.out" "$agent" "$command" "${roots[@]}" --kubelet-dir "$dir/kubelet" "$@" \
     >"$dir/agent.log" 2>&1 &
   local agent_pid=$!
+  pids+=("$agent_pid")  # on a failure below, cleanup stops it too
   if ! wait "$kubelet"; then
     echo "startup-order: the kubelet simulator did not see $resource=8 from $command:" >&2
     tail -20 "$dir/agent.log" "$dir/kubelet.log" >&2
